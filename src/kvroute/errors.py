@@ -1,0 +1,104 @@
+"""kvroute's error hierarchy.
+
+Every error a user can cause is a :class:`KvrouteError` whose message says what went wrong *and*
+what to do about it. The CLI prints these messages without a traceback; anything else is a bug.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class KvrouteError(Exception):
+    """Base class of every error kvroute raises on purpose."""
+
+
+class ConfigError(KvrouteError, ValueError):
+    """A configuration value is missing, malformed or out of range."""
+
+
+class UnknownNameError(KvrouteError, KeyError):
+    """A name (model, press, scorer, task family, metric, ...) is not registered."""
+
+    def __init__(self, kind: str, name: str, choices: Iterable[str], hint: str = "") -> None:
+        self.kind = kind
+        self.name = name
+        self.choices = sorted(choices)
+        close = suggest(name, self.choices)
+        msg = f"unknown {kind} {name!r}"
+        if close:
+            msg += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+        if self.choices:
+            msg += f" Known {kind}s: {', '.join(self.choices)}."
+        if hint:
+            msg += f" {hint}"
+        super().__init__(msg)
+
+    def __str__(self) -> str:  # KeyError would quote the message otherwise
+        return str(self.args[0])
+
+
+class ModelLoadError(KvrouteError):
+    """A model could not be loaded from the given source."""
+
+
+class DownloadError(KvrouteError):
+    """Fetching an embedded model's files failed."""
+
+
+class NetworkError(DownloadError):
+    """The package index (or the model hub) cannot be reached."""
+
+
+class IntegrityError(DownloadError):
+    """A downloaded or cached file does not match its pinned SHA-256 digest."""
+
+
+class TaskFormatError(KvrouteError, ValueError):
+    """A task file or task instance is malformed; the message names the line and field."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        self.path, self.line, self.field = path, line, field
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if line is not None:
+            where.append(f"line {line}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class EngineError(KvrouteError):
+    """The compression engine was asked for something it cannot do."""
+
+
+class PromptTooLongError(EngineError):
+    """A prompt does not fit in the model's context window."""
+
+
+class StoreError(KvrouteError):
+    """A run store cannot be opened, read or written."""
+
+
+class StoreLockedError(StoreError):
+    """Another sweep is writing to the same run directory."""
+
+
+def suggest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """The registered names closest to ``name`` (case-insensitive), best first."""
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    key = name.lower()
+    close = difflib.get_close_matches(key, list(lowered), n=n, cutoff=0.5)
+    # prefixes and substrings count too: "smollm2" should find "smollm2-135m"
+    extra = [c for k, c in lowered.items() if (key and (k.startswith(key) or key in k)) and c not in close]
+    out = [lowered[c] for c in close] + extra
+    seen: list[str] = []
+    for c in out:
+        if c not in seen:
+            seen.append(c)
+    return seen[:n]

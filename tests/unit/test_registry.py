@@ -1,0 +1,50 @@
+import pytest
+
+from kvroute.errors import KvrouteError, UnknownNameError, suggest
+from kvroute.registry import Registry
+
+
+def test_lookup_and_decorator():
+    reg: Registry[object] = Registry("press")
+
+    @reg.register("snapkv")
+    class Snap:
+        pass
+
+    reg.register("knorm", 3)
+    assert reg.get("snapkv") is Snap
+    assert reg.get("knorm") == 3
+    assert reg.names() == ["snapkv", "knorm"]
+    assert "knorm" in reg and "tova" not in reg
+
+
+def test_unknown_name_suggests_closest_and_lists_all():
+    reg: Registry[int] = Registry("press")
+    for i, n in enumerate(["snapkv", "streaming_llm", "expected_attention", "knorm"]):
+        reg.register(n, i)
+    with pytest.raises(UnknownNameError) as e:
+        reg.get("snapvk")
+    msg = str(e.value)
+    assert "did you mean 'snapkv'" in msg
+    assert "expected_attention" in msg  # the full list is shown
+    assert isinstance(e.value, KeyError) and isinstance(e.value, KvrouteError)
+
+
+def test_duplicate_registration_refused():
+    reg: Registry[int] = Registry("metric")
+    reg.register("f1", 1)
+    with pytest.raises(KvrouteError, match="registered twice"):
+        reg.register("f1", 2)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("smollm2", "smollm2-135m"),  # prefix
+    ("qwen2.5-05b", "qwen2.5-0.5b"),  # typo
+    ("SMOLLM2-135M", "smollm2-135m"),  # case
+])
+def test_suggest(name, expected):
+    assert suggest(name, ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"])[0] == expected
+
+
+def test_suggest_nothing_close():
+    assert suggest("zzzzzz", ["snapkv", "knorm"]) == []
