@@ -1,25 +1,29 @@
-"""Plain greedy answering without compression (the uncompressed reference path)."""
+"""Plain greedy decoding without compression (the uncompressed reference path)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 
-@torch.inference_mode()
-def greedy_answer(lm: Any, context: str, question: str, *, max_new_tokens: int = 32,
-                  system_prompt: str | None = None) -> str:
-    """Greedy answer of ``lm`` to ``question`` about ``context`` with the model's chat template."""
-    tok = lm.tokenizer
-    messages = []
-    if system_prompt:
-        messages.append({"role": "system", "content": system_prompt})
-    messages.append({"role": "user", "content": f"{context}\n\n{question}"})
-    enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    ids = enc["input_ids"].to(lm.device)
+def eos_ids(lm: Any) -> set[int]:
+    """The token ids that end an answer (generation config's EOS, plus the tokenizer's)."""
+    ids: set[int] = set()
     eos = lm.model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    if eos is not None:
+        ids.update(eos if isinstance(eos, list) else [eos])
+    if getattr(lm.tokenizer, "eos_token_id", None) is not None:
+        ids.add(lm.tokenizer.eos_token_id)
+    return ids
+
+
+@torch.inference_mode()
+def greedy_generate(lm: Any, input_ids: Sequence[int], *, max_new_tokens: int = 32) -> list[int]:
+    """Greedy continuation of ``input_ids`` (full cache), stopping after an EOS token (included)."""
+    ids = torch.tensor([list(input_ids)], device=lm.device)
+    stop = eos_ids(lm)
     out = lm.model(input_ids=ids, use_cache=True)
     cache = out.past_key_values
     generated: list[int] = []
@@ -27,10 +31,23 @@ def greedy_answer(lm: Any, context: str, question: str, *, max_new_tokens: int =
     pos = ids.shape[1]
     for _ in range(max_new_tokens):
         generated.append(nxt)
-        if nxt in eos_ids:
+        if nxt in stop or len(generated) == max_new_tokens:
             break
         out = lm.model(input_ids=torch.tensor([[nxt]], device=lm.device), past_key_values=cache,
                        position_ids=torch.tensor([[pos]], device=lm.device), use_cache=True)
         pos += 1
         nxt = int(out.logits[0, -1].argmax())
-    return tok.decode(generated, skip_special_tokens=True).strip()
+    return generated
+
+
+def greedy_answer(lm: Any, context: str, question: str, *, max_new_tokens: int = 32,
+                  system_prompt: str | None = None) -> str:
+    """Greedy answer of ``lm`` to ``question`` about ``context`` with the model's chat template."""
+    messages = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": f"{context}\n\n{question}"})
+    text = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    out = greedy_generate(lm, ids, max_new_tokens=max_new_tokens)
+    return lm.tokenizer.decode(out, skip_special_tokens=True).strip()
