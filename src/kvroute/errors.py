@@ -21,7 +21,7 @@ class ConfigError(KvrouteError, ValueError):
 class UnknownNameError(KvrouteError, KeyError):
     """A name (model, press, scorer, task family, metric, ...) is not registered."""
 
-    def __init__(self, kind: str, name: str, choices: Iterable[str], hint: str = "") -> None:
+    def __init__(self, kind: str, name: str, choices: Iterable[str], hint: str = "", plural: str | None = None) -> None:
         self.kind = kind
         self.name = name
         self.choices = sorted(choices)
@@ -30,7 +30,7 @@ class UnknownNameError(KvrouteError, KeyError):
         if close:
             msg += f"; did you mean {' or '.join(repr(c) for c in close)}?"
         if self.choices:
-            msg += f" Known {kind}s: {', '.join(self.choices)}."
+            msg += f" Known {plural or kind + 's'}: {', '.join(self.choices)}."
         if hint:
             msg += f" {hint}"
         super().__init__(msg)

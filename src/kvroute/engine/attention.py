@@ -1,0 +1,98 @@
+"""The masked attention function: per-KV-head keep masks over a shared context cache.
+
+Registered in transformers' attention-function registry under ``kvroute_masked`` only inside
+:func:`masked_attention`, which also switches the model's config to it and restores everything in
+``finally``. For each layer it computes, for a batch of B cells,
+
+    softmax([q·K_ctxᵀ masked by keep[cell, kv_head], q·K_sufᵀ causal]) · [V_ctx; V_suf]
+
+with the context K/V ``[1, Hkv, T, D]`` shared by all cells: queries of all cells are folded into
+the row dimension of one batched matmul per KV head, so the context is never copied per cell.
+Query heads of a GQA group share their KV head's mask (query head h ↔ KV head h // G).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from kvroute.errors import EngineError
+
+IMPLEMENTATION = "kvroute_masked"
+_state = threading.local()
+
+
+@dataclass
+class MaskedContext:
+    """What the attention function needs besides its arguments, per decoding batch."""
+
+    keys: list[torch.Tensor]  # per layer [1, Hkv, T, D]
+    values: list[torch.Tensor]  # per layer [1, Hkv, T, D]
+    keep: torch.Tensor  # bool [B, L, Hkv, T]
+    # called with (layer_idx, probs [B, H, q, T + s]) when set; the probabilities are in float32
+    on_probs: Callable[[int, torch.Tensor], None] | None = None
+
+
+def _masked_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                              scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    ctx: MaskedContext | None = getattr(_state, "ctx", None)
+    if ctx is None:
+        raise EngineError("kvroute_masked attention was called outside masked_attention()")
+    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
+        raise EngineError("the masked engine does not support sliding-window or soft-capped attention layers")
+    layer = module.layer_idx
+    B, H, q, D = query.shape  # query [B, H, q, D]; key/value: the cells' suffix [B, Hkv, s, D]
+    Hkv, s = key.shape[1], key.shape[2]
+    G = H // Hkv
+    k_ctx, v_ctx = ctx.keys[layer][0], ctx.values[layer][0]  # [Hkv, T, D]
+    T = k_ctx.shape[1]
+    scale = scaling if scaling is not None else D**-0.5
+
+    qg = query.reshape(B, Hkv, G * q, D)  # [B, Hkv, G·q, D]: rows of one KV head's group, (g, i) order
+    # context part: fold cells into rows -> one bmm per KV head against the shared keys
+    q_rows = qg.transpose(0, 1).reshape(Hkv, B * G * q, D)  # [Hkv, B·G·q, D]
+    s_ctx = torch.bmm(q_rows, k_ctx.transpose(1, 2)).view(Hkv, B, G * q, T) * scale  # [Hkv, B, G·q, T]
+    keep = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T]
+    s_ctx = s_ctx.masked_fill(~keep, float("-inf"))
+    # suffix part: each cell's own tokens, causal
+    s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G·q, s]
+    qpos = torch.arange(q, device=query.device).repeat(G) + (s - q)  # suffix index of each row, (g, i) order
+    causal = torch.arange(s, device=query.device)[None, :] > qpos[:, None]  # [G·q, s]
+    s_suf = s_suf.masked_fill(causal, float("-inf"))
+
+    probs = torch.softmax(torch.cat([s_ctx, s_suf], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G·q, T+s]
+    if ctx.on_probs is not None:
+        # [Hkv, B, G·q, T+s] -> [B, H, q, T+s] with query head = kv·G + g
+        ctx.on_probs(layer, probs.transpose(0, 1).reshape(B, H, q, T + s))
+    p = probs.to(query.dtype)
+    out = torch.bmm(p[..., :T].reshape(Hkv, B * G * q, T), v_ctx).view(Hkv, B, G * q, D)
+    out = out + torch.matmul(p[..., T:], value.transpose(0, 1))  # [Hkv, B, G·q, s] @ [Hkv, B, s, D]
+    # [Hkv, B, G·q, D] -> [B, Hkv, G, q, D] -> [B, q, H, D]
+    out = out.transpose(0, 1).reshape(B, Hkv, G, q, D).reshape(B, H, q, D).transpose(1, 2).contiguous()
+    return out, None
+
+
+@contextlib.contextmanager
+def masked_attention(model: nn.Module, ctx: MaskedContext) -> Iterator[None]:
+    """Route ``model``'s attention through the masked function for the duration of the block."""
+    config = model.config
+    previous = config._attn_implementation
+    had = IMPLEMENTATION in ALL_ATTENTION_FUNCTIONS._local_mapping
+    ALL_ATTENTION_FUNCTIONS[IMPLEMENTATION] = _masked_attention_forward
+    _state.ctx = ctx
+    config._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+        _state.ctx = None
+        if not had:
+            del ALL_ATTENTION_FUNCTIONS[IMPLEMENTATION]

@@ -1,0 +1,167 @@
+"""Batched greedy decoding of many cells against one shared, masked context cache.
+
+For a batch of B cells (KeepMasks) of one prompt: one forward of the question tokens (plus the
+gold answer, teacher-forced, when asked) for all cells at once, then one forward per generated
+token, each cell stopping at EOS or ``max_new_tokens``. Finished cells leave the batch. Only the
+cells' own suffix K/V are per cell; the context K/V come from the prefill and are shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from kvroute.engine.attention import MaskedContext, masked_attention
+from kvroute.engine.cache import SuffixCache
+from kvroute.engine.prefill import PrefillResult
+from kvroute.errors import EngineError
+from kvroute.presses.keepmask import KeepMask
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    max_new_tokens: int = 32
+    batch_size: int = 64  # cells per decoding batch
+    capture: bool = True  # last-prompt-token attention rows and hidden states, generated-token masses
+    keep_generated_rows: bool = False  # also keep each generated token's full attention rows (float16)
+    keep_logits: bool = False  # keep the question forward's logits (for equivalence checks)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+        if self.batch_size < 1:
+            raise EngineError(f"batch_size must be ≥ 1, got {self.batch_size}")
+
+
+@dataclass
+class CellOutput:
+    """What one cell produced. Shapes: L layers, H query heads, T context, Q question tokens."""
+
+    tokens: list[int]  # generated ids, including the stopping EOS when there was one
+    text: str  # decoded with special tokens skipped (as kvpress), not stripped
+    gold_logprob: float | None = None  # teacher-forced log p(gold | prompt) under this cell's mask
+    last_attention: torch.Tensor | None = None  # [L, H, T + Q] float32: rows of the last prompt token
+    hidden: torch.Tensor | None = None  # [L + 1, hidden]: last prompt token's hidden states (embeddings first)
+    generated_mass: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [steps, L, H]
+    generated_rows: list[torch.Tensor] | None = None  # per step [L, H, T + Q + step] float16
+    logits: torch.Tensor | None = None  # [G + 1, V]: logits at prompt positions Q-1 … Q+G-1 (keep_logits)
+
+
+def _stop_ids(model: nn.Module, tokenizer: object | None) -> set[int]:
+    """Stop tokens as kvpress's pipeline uses them: the generation config's EOS (else the tokenizer's)."""
+    eos = model.generation_config.eos_token_id
+    if eos is None and tokenizer is not None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return set(eos if isinstance(eos, list) else [eos])
+
+
+@torch.inference_mode()
+def decode_cells(model: nn.Module, tokenizer: object, pre: PrefillResult, question_ids: Sequence[int],
+                 masks: Sequence[KeepMask], *, gold_ids: Sequence[int] | None = None,
+                 track: dict[str, Sequence[int]] | None = None,
+                 settings: DecodeSettings = DecodeSettings()) -> list[CellOutput]:
+    """Decode every mask in ``masks`` (batched by ``settings.batch_size``); results in the same order."""
+    if len(question_ids) == 0:
+        raise EngineError("the question part of the prompt is empty; the engine needs at least one suffix token")
+    out: list[CellOutput] = []
+    for i in range(0, len(masks), settings.batch_size):
+        out.extend(_decode_batch(model, tokenizer, pre, list(question_ids), masks[i : i + settings.batch_size],
+                                 list(gold_ids or []), track or {}, settings))
+    return out
+
+
+def _decode_batch(model: nn.Module, tokenizer: object, pre: PrefillResult, question: list[int],
+                  masks: Sequence[KeepMask], gold: list[int], track: dict[str, Sequence[int]],
+                  settings: DecodeSettings) -> list[CellOutput]:
+    device = pre.keys[0].device
+    B, T, Q, G = len(masks), pre.num_tokens, len(question), len(gold)
+    L = len(pre.keys)
+    Hkv, D = pre.keys[0].shape[1], pre.keys[0].shape[3]
+    for m in masks:
+        if m.shape != (L, Hkv, T):
+            raise EngineError(f"KeepMask shape {m.shape} does not match the prefill ({L}, {Hkv}, {T})")
+    keep = torch.stack([m.mask.to(device) for m in masks])  # [B, L, Hkv, T]
+    cache = SuffixCache(L, B, Hkv, D, Q + max(G, settings.max_new_tokens) + 1, T, pre.keys[0].dtype, device)
+    stop = _stop_ids(model, tokenizer)
+    track_idx = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in track.items()}
+
+    results = [CellOutput(tokens=[], text="") for _ in range(B)]
+    rows = torch.arange(B, device=device)  # active batch row -> cell index
+    state = {"step": -1}
+    capture = settings.capture
+    last_rows: list[torch.Tensor | None] = [None] * L
+    cfg = getattr(model.config, "text_config", model.config)
+    H = cfg.num_attention_heads
+    gen_mass = {k: torch.zeros(B, settings.max_new_tokens, L, H, device=device) for k in track_idx}
+    gen_rows: list[list[torch.Tensor | None]] = []
+
+    def on_probs(layer: int, probs: torch.Tensor) -> None:  # probs [b, H, q, T + s] float32
+        step = state["step"]
+        if step < 0:  # the question forward: the last prompt token is query index Q - 1
+            last_rows[layer] = probs[:, :, Q - 1, : T + Q].clone()
+            return
+        row = probs[:, :, 0, :]  # [b, H, T + s]
+        for name, idx in track_idx.items():
+            gen_mass[name][rows, step, layer] = row.index_select(-1, idx).sum(-1)  # [b, H]
+        if settings.keep_generated_rows:
+            gen_rows[step][layer] = row.half()
+
+    ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None)
+    with masked_attention(model, ctx):
+        # 1) question (+ teacher-forced gold answer) for all cells
+        ids = torch.tensor([question + gold], device=device).expand(B, -1)
+        pos = torch.arange(T, T + Q + G, device=device)
+        res = model(input_ids=ids, past_key_values=cache, position_ids=pos.unsqueeze(0).expand(B, -1),
+                    cache_position=pos, use_cache=True, logits_to_keep=G + 1, output_hidden_states=capture)
+        logits = res.logits  # [B, G + 1, V]: positions Q-1 … Q+G-1
+        if G:
+            logp = torch.log_softmax(logits[:, :G].float(), dim=-1)  # [B, G, V]
+            gold_lp = logp.gather(-1, torch.tensor(gold, device=device).view(1, G, 1).expand(B, G, 1)).sum((1, 2))
+            for b in range(B):
+                results[b].gold_logprob = float(gold_lp[b])
+        if capture:
+            hs = torch.stack([h[:, Q - 1] for h in res.hidden_states], dim=1)  # [B, L + 1, hidden]
+            last = torch.stack(last_rows, dim=1)  # [B, L, H, T + Q]
+            for b in range(B):
+                results[b].last_attention, results[b].hidden = last[b], hs[b].float()
+        if settings.keep_logits:
+            for b in range(B):
+                results[b].logits = logits[b].float().clone()
+        cache.truncate(Q)
+        nxt = logits[:, 0].argmax(-1)  # [B]
+        # 2) greedy decoding, finished cells leave the batch
+        for step in range(settings.max_new_tokens):
+            for r, t in zip(rows.tolist(), nxt.tolist(), strict=True):
+                results[r].tokens.append(t)
+            done = torch.tensor([t in stop for t in nxt.tolist()], device=device)
+            if step == settings.max_new_tokens - 1 or bool(done.all()):
+                break
+            if bool(done.any()):
+                alive = (~done).nonzero().flatten()
+                rows, nxt = rows[alive], nxt[alive]
+                cache.keep_rows(alive)
+                ctx.keep = ctx.keep.index_select(0, alive)
+            state["step"] = step
+            if settings.keep_generated_rows:
+                gen_rows.append([None] * L)
+            p = torch.full((1,), T + Q + step, device=device)
+            res = model(input_ids=nxt.view(-1, 1), past_key_values=cache, position_ids=p.view(1, 1).expand(len(rows), 1),
+                        cache_position=p, use_cache=True, logits_to_keep=1)
+            nxt = res.logits[:, -1].argmax(-1)
+            if settings.keep_generated_rows:
+                stacked = torch.stack(gen_rows[step], dim=1)  # [b, L, H, T + Q + step + 1]
+                for j, r in enumerate(rows.tolist()):
+                    if results[r].generated_rows is None:
+                        results[r].generated_rows = []
+                    results[r].generated_rows.append(stacked[j])
+    for b, r in enumerate(results):
+        r.text = tokenizer.decode(r.tokens, skip_special_tokens=True) if tokenizer is not None else ""
+        if capture and track_idx:
+            n = max(len(r.tokens) - 1, 0)  # generated tokens that were fed back in
+            r.generated_mass = {k: v[b, :n].clone() for k, v in gen_mass.items()}
+    return results

@@ -1,0 +1,49 @@
+"""Temporary hooks on a model's attention layers, always removed in ``finally``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch import nn
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a causal LM (``model.model.layers`` or a multimodal language model's)."""
+    base = model.model if hasattr(model, "model") else model
+    base = getattr(base, "language_model", base)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__} has no decoder layers where kvroute looks (model.model.layers)")
+    return list(layers)
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformer without its LM head (what kvpress prefills with)."""
+    base = model.model if hasattr(model, "model") else model
+    return getattr(base, "language_model", base)
+
+
+@contextlib.contextmanager
+def attention_hooks(model: nn.Module, hook: Callable[..., Any]) -> Iterator[None]:
+    """Register ``hook(module, args, kwargs, output)`` on every attention module; expose ``rotary_emb``.
+
+    Some kvpress scorers read ``module.rotary_emb`` (kvpress sets it in its own context manager);
+    it is attached here for the duration and detached afterwards, so no state is left on the model.
+    """
+    base = base_model(model)
+    handles, attached = [], []
+    try:
+        for layer in decoder_layers(model):
+            attn = layer.self_attn
+            if not hasattr(attn, "rotary_emb") and hasattr(base, "rotary_emb"):
+                attn.rotary_emb = base.rotary_emb
+                attached.append(attn)
+            handles.append(attn.register_forward_hook(hook, with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for attn in attached:
+            del attn.rotary_emb

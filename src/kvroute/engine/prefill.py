@@ -1,0 +1,133 @@
+"""One full-attention prefill per prompt, with every requested scorer computed in a capture hook.
+
+kvpress compresses each layer's cache in a forward hook *after* the layer has seen the full
+context; later layers are unaffected. So one uncompressed prefill that records each scorer's
+scores per layer gives exactly the scores every kvpress press would have used, and any
+(press, ratio) cell is then just a KeepMask over the same cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
+
+from kvroute.engine.hooks import attention_hooks, base_model
+from kvroute.presses.scorers import ScoreInputs, Scorer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One score computation in the prefill: a scorer, how to run it (whole context or chunked), a ratio."""
+
+    key: Hashable
+    scorer: Scorer
+    variant: Hashable = "full"  # "full" | ("chunk", chunk_length)
+    ratio: float | None = None  # only for ratio-dependent scorers
+
+
+class PrefillCapture(Protocol):
+    """A consumer of per-layer prefill tensors (metrics use these, e.g. evidence leakage)."""
+
+    def on_layer(self, layer_idx: int, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
+                 values: torch.Tensor, kwargs: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class PrefillResult:
+    """The shared context cache and every requested score, for one prompt prefix."""
+
+    context_ids: torch.Tensor  # long [T]
+    keys: list[torch.Tensor]  # per layer [1, Hkv, T, D], post-RoPE (shared by all cells, never copied)
+    values: list[torch.Tensor]  # per layer [1, Hkv, T, D]
+    scores: dict[Hashable, torch.Tensor] = field(default_factory=dict)  # key -> [L, Hkv, T] (scorer's dtype)
+    seconds: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.context_ids.numel())
+
+
+def prefill_attention(module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
+                      position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The layer's causal attention map ``[1, H, T, T]``, computed as transformers' eager attention does.
+
+    Only scorers with ``needs_attentions`` (observed_attention) trigger this: it is the one place
+    kvroute materialises an N×N map.
+    """
+    B, T, _ = hidden_states.shape
+    D = module.head_dim
+    q = module.q_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)  # [1, H, T, D]
+    if hasattr(module, "q_norm"):  # Qwen3 / Gemma3 QK-norm
+        q = module.q_norm(q)
+    cos, sin = position_embeddings
+    q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+    k = repeat_kv(keys, q.shape[1] // keys.shape[1])  # [1, H, T, D]
+    w = torch.matmul(q, k.transpose(2, 3)) * module.scaling  # [1, H, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=w.device).triu(1)
+    w = w.masked_fill(causal, float("-inf"))
+    return torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+
+
+def _score_layer(req: ScoreRequest, x: ScoreInputs) -> torch.Tensor:
+    """``[1, Hkv, T]`` scores for one layer, whole-context or chunk by chunk (as kvpress ChunkPress)."""
+    ratio = req.ratio if req.ratio is not None else 0.0
+    if req.variant == "full":
+        return req.scorer.score(x, ratio)
+    _, chunk = req.variant  # type: ignore[misc]
+    T = x.keys.shape[2]
+    parts = []
+    for i in range(0, T, chunk):
+        sl = slice(i, i + chunk)
+        ev = None
+        if x.evidence is not None:
+            ev = x.evidence[(x.evidence >= i) & (x.evidence < i + chunk)] - i
+        xi = ScoreInputs(x.module, x.layer_idx, x.hidden_states[:, sl], x.keys[:, :, sl], x.values[:, :, sl],
+                         x.kwargs, x.attentions, ev, x.seed)
+        parts.append(req.scorer.score(xi, ratio))
+    return torch.cat(parts, dim=-1)
+
+
+@torch.inference_mode()
+def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, requests: Sequence[ScoreRequest] = (),
+            *, evidence: Sequence[int] | None = None, seed: int = 0,
+            captures: Sequence[PrefillCapture] = ()) -> PrefillResult:
+    """Run the context through ``model`` once with full attention; return its cache and all scores."""
+    import time
+
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(list(context_ids) if not torch.is_tensor(context_ids) else context_ids,
+                          dtype=torch.long, device=device).view(1, -1)
+    ev = torch.as_tensor(list(evidence), dtype=torch.long, device=device) if evidence is not None else None
+    per_layer: dict[Hashable, list[torch.Tensor]] = {r.key: [] for r in requests}
+    need_attn = any(r.scorer.needs_attentions for r in requests)
+
+    def hook(module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        hidden = kwargs["hidden_states"]
+        cache = kwargs["past_key_values"]
+        layer = module.layer_idx
+        keys, values = cache.layers[layer].keys, cache.layers[layer].values
+        attn = prefill_attention(module, hidden, keys, kwargs["position_embeddings"]) if need_attn else None
+        for r in requests:
+            x = ScoreInputs(module, layer, hidden, keys, values, kwargs,
+                            attn if r.scorer.needs_attentions else None, ev, seed)
+            per_layer[r.key].append(_score_layer(r, x))
+        for c in captures:
+            c.on_layer(layer, module, hidden, keys, values, kwargs)
+
+    t0 = time.perf_counter()
+    cache = DynamicCache(config=model.config)
+    with attention_hooks(model, hook):
+        base_model(model)(input_ids=ids, past_key_values=cache, use_cache=True)
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
+    scores = {k: torch.cat(v, dim=0) for k, v in per_layer.items()}  # [L, Hkv, T] each
+    return PrefillResult(ids[0], keys, values, scores, time.perf_counter() - t0)

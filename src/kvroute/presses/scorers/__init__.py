@@ -1,0 +1,17 @@
+"""Registered scorers: one file each. ``SCORERS`` maps the config/CLI name to the scorer class."""
+
+from kvroute.presses.scorers import (  # noqa: F401  (registration side effects)
+    expected_attention,
+    keydiff,
+    knorm,
+    observed_attention,
+    oracle,
+    random,
+    snapkv,
+    streaming_llm,
+    tova,
+)
+from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer, build_scorer
+from kvroute.presses.scorers.kvpress_adapter import KvpressScorer, register_kvpress
+
+__all__ = ["SCORERS", "KvpressScorer", "ScoreInputs", "Scorer", "build_scorer", "register_kvpress"]

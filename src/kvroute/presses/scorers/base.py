@@ -1,0 +1,102 @@
+"""Scorers: importance of every context KV entry, per layer and KV head, from one prefill.
+
+A scorer sees exactly what a kvpress press sees in its forward hook (the attention module, its
+input hidden states, the post-RoPE keys and values of the layer) and returns ``[1, Hkv, T]``
+scores, higher = more important. Selection strategies turn scores into a KeepMask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from kvroute.errors import ConfigError, UnknownNameError
+from kvroute.presses.spec import ComponentSpec
+from kvroute.registry import Registry
+
+
+@dataclass
+class ScoreInputs:
+    """What a scorer may read for one layer of the prefill (batch size 1)."""
+
+    module: nn.Module  # the attention module of layer ℓ
+    layer_idx: int
+    hidden_states: torch.Tensor  # [1, T, hidden]: the attention module's input
+    keys: torch.Tensor  # [1, Hkv, T, D]: post-RoPE keys of the layer
+    values: torch.Tensor  # [1, Hkv, T, D]
+    kwargs: dict[str, Any]  # the attention forward's kwargs (position_embeddings, ...)
+    attentions: torch.Tensor | None = None  # [1, H, T, T]: only for scorers with needs_attentions
+    evidence: torch.Tensor | None = None  # long [n]: evidence token positions in [0, T) (oracle controls)
+    seed: int = 0
+
+
+class Scorer(ABC):
+    """Base class. Subclasses are dataclasses whose fields are their user-visible parameters."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    needs_attentions: ClassVar[bool] = False  # needs the full [H, T, T] prefill attention map
+    ratio_dependent: ClassVar[bool] = False  # scores change with the compression ratio
+    needs_evidence: ClassVar[bool] = False  # reads the instance's evidence positions
+
+    def setup(self, model: nn.Module) -> None:
+        """Called once per model before the first prefill."""
+
+    def check(self, num_tokens: int) -> None:
+        """Raise :class:`~kvroute.errors.EngineError` if a context of ``num_tokens`` cannot be scored."""
+
+    @abstractmethod
+    def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        """Scores ``[1, Hkv, T]`` (float); ``ratio`` matters only when ``ratio_dependent``."""
+
+    @classmethod
+    def parameters(cls) -> dict[str, Any]:
+        """User-visible parameters and their defaults."""
+        return {f.name: _default(f) for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+
+    def spec(self) -> ComponentSpec:
+        params = {k: getattr(self, k) for k in self.parameters()}
+        defaults = self.parameters()
+        return ComponentSpec(self.name, tuple(sorted((k, v) for k, v in params.items() if v != defaults[k])))
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+SCORERS: Registry[type[Scorer]] = Registry("scorer")
+
+
+def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``given`` against ``allowed`` (name → default); cast to the default's type."""
+    out = {}
+    for k, v in given.items():
+        if k not in allowed:
+            raise UnknownNameError(f"parameter of {kind} {name!r}", k, allowed, plural="parameters")
+        default = allowed[k]
+        if isinstance(default, bool) and not isinstance(v, bool):
+            raise ConfigError(f"{kind} {name!r}: parameter {k} must be true or false, got {v!r}")
+        if isinstance(default, int) and not isinstance(default, bool):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ConfigError(f"{kind} {name!r}: parameter {k} must be an integer, got {v!r}")
+        if isinstance(default, float) and not isinstance(v, (int, float)):
+            raise ConfigError(f"{kind} {name!r}: parameter {k} must be a number, got {v!r}")
+        out[k] = float(v) if isinstance(default, float) else v
+    return out
+
+
+def build_scorer(spec: ComponentSpec | str) -> Scorer:
+    if isinstance(spec, str):
+        spec = ComponentSpec(spec)
+    cls = SCORERS.get(spec.name)
+    params = check_params("scorer", spec.name, spec.kwargs, cls.parameters())
+    return cls(**params)

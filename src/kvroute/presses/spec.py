@@ -1,0 +1,99 @@
+"""Press specifications: ``scorer`` or ``scorer+selection``, each with optional ``[key=value,...]``.
+
+Examples: ``snapkv``, ``expected_attention+adakv``, ``snapkv[window_size=32]+chunk[chunk_length=256]``,
+``oracle[base=knorm]+per_head``. Without a selection, ``per_head`` (kvpress ScorerPress semantics)
+is used. Parsing is separate from building, so configs can be validated before any model loads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvroute.errors import ConfigError
+
+_PART = re.compile(r"^\s*([A-Za-z_][\w]*)\s*(?:\[(.*)\])?\s*$")
+DEFAULT_SELECTION = "per_head"
+
+
+def _parse_value(text: str) -> Any:
+    t = text.strip()
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        return float(t)
+    except ValueError:
+        return t
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """A registered name plus keyword parameters (sorted, so equal specs compare and hash equal)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.name
+        return f"{self.name}[{','.join(f'{k}={v}' for k, v in self.params)}]"
+
+
+@dataclass(frozen=True)
+class PressSpec:
+    scorer: ComponentSpec
+    selection: ComponentSpec = field(default_factory=lambda: ComponentSpec(DEFAULT_SELECTION))
+
+    def __str__(self) -> str:
+        return f"{self.scorer}+{self.selection}"
+
+
+def _component(text: str, what: str, full: str) -> ComponentSpec:
+    m = _PART.match(text)
+    if not m:
+        raise ConfigError(f"cannot read the {what} in press {full!r}; write NAME or NAME[key=value,...]")
+    name, body = m.group(1), m.group(2)
+    params: dict[str, Any] = {}
+    if body:
+        for item in body.split(","):
+            if not item.strip():
+                continue
+            if "=" not in item:
+                raise ConfigError(f"parameter {item.strip()!r} of {name!r} in press {full!r} needs the form key=value")
+            k, v = item.split("=", 1)
+            params[k.strip()] = _parse_value(v)
+    return ComponentSpec(name, tuple(sorted(params.items())))
+
+
+def parse_press(text: str) -> PressSpec:
+    """Parse ``scorer[...]`` or ``scorer[...]+selection[...]`` (names are checked when built)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError("a press must be a non-empty string such as 'snapkv' or 'expected_attention+adakv'")
+    depth, parts, cur = 0, [], ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "+" and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    if len(parts) > 2:
+        raise ConfigError(f"press {text!r} has more than one '+'; write scorer or scorer+selection")
+    scorer = _component(parts[0], "scorer", text)
+    if len(parts) == 1:
+        return PressSpec(scorer)
+    return PressSpec(scorer, _component(parts[1], "selection", text))

@@ -1,0 +1,163 @@
+"""The masked engine on tiny random models: equivalences that can fail for the right reason."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kvroute.engine import Cell, DecodeSettings, Engine
+from kvroute.engine.generate import greedy_generate
+from kvroute.engine.reference import kvpress_prompt_ids
+from kvroute.errors import ConfigError, EngineError, PromptTooLongError, UnknownNameError
+from kvroute.models import tiny_model
+from kvroute.presses import KeepMask
+from tests.masked_reference import masked_reference_logits
+
+CONTEXT = ("Alice Morgan was born in Ferravik in 1987 and works as a glassblower for the Northwind Company. "
+           "Her brother lives in Quenby; his manager is Tobias Vell. ") * 3
+QUESTION = "Question: where was Alice born? Answer briefly."
+
+
+@dataclass
+class Prompt:
+    context_ids: list[int]
+    question_ids: list[int]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def setup(request):
+    lm = tiny_model(request.param, seed=0)
+    c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
+    return lm, Prompt(c, q)
+
+
+def test_ratio_zero_equals_uncompressed_generation(setup):
+    lm, prompt = setup
+    eng = Engine(lm, DecodeSettings(max_new_tokens=12))
+    res = eng.run(prompt, [Cell("knorm", 0.0), Cell("expected_attention+adakv", 0.0), Cell("none", 0.0)])
+    ref = greedy_generate(lm, prompt.context_ids + prompt.question_ids, max_new_tokens=12)
+    assert res.full.tokens == ref
+    for out, m in zip(res.outputs, res.masks, strict=True):
+        assert out.tokens == ref
+        assert bool(m.mask.all())
+
+
+def test_ratio_zero_logits_match_plain_forward(setup):
+    lm, prompt = setup
+    eng = Engine(lm, DecodeSettings(max_new_tokens=2, keep_logits=True))
+    res = eng.run(prompt, [Cell("snapkv[window_size=8]", 0.0)])
+    ids = torch.tensor([prompt.context_ids + prompt.question_ids])
+    ref = lm.model(ids).logits[0, -1]
+    torch.testing.assert_close(res.outputs[0].logits[0], ref, atol=1e-4, rtol=0)
+
+
+def test_batched_equals_one_by_one(setup):
+    lm, prompt = setup
+    cells = [Cell(p, r) for p in ("knorm", "snapkv[window_size=8]", "expected_attention+adakv", "tova+pyramid[window_size=4]")
+             for r in (0.3, 0.6, 0.9)]
+    gold = lm.tokenizer.encode(" Ferravik", add_special_tokens=False)
+    batched = Engine(lm, DecodeSettings(max_new_tokens=10, keep_logits=True)).run(prompt, cells, gold_ids=gold)
+    single = Engine(lm, DecodeSettings(max_new_tokens=10, keep_logits=True, batch_size=1)).run(prompt, cells, gold_ids=gold)
+    for a, b in zip(batched.outputs, single.outputs, strict=True):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=0)
+        assert a.gold_logprob == pytest.approx(b.gold_logprob, abs=1e-4)
+        torch.testing.assert_close(a.last_attention, b.last_attention, atol=1e-6, rtol=0)
+
+
+def test_finished_cells_leave_the_batch_without_changing_others(setup):
+    """Cells that stop early are dropped from the batch; the survivors' tokens must not change."""
+    lm, prompt = setup
+    cells = [Cell("knorm", r) for r in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    eng = Engine(lm, DecodeSettings(max_new_tokens=15))
+    free = eng.run(prompt, cells).outputs
+    # make a token that one cell emits early (and another cell does not emit at all) the EOS
+    eos = next(t for o in free for t in o.tokens[1:6] if any(t not in p.tokens for p in free))
+    gen = lm.model.generation_config
+    old = gen.eos_token_id
+    gen.eos_token_id = eos
+    try:
+        together = eng.run(prompt, cells).outputs
+        lengths = [len(o.tokens) for o in together]
+        assert min(lengths) < 15 and max(lengths) > min(lengths)  # the batch really shrank mid-way
+        for cell, out in zip(cells, together, strict=True):
+            assert out.tokens == eng.run(prompt, [cell]).outputs[0].tokens
+            assert eos not in out.tokens[:-1]
+    finally:
+        gen.eos_token_id = old
+
+
+def test_masked_decoding_equals_independent_reference(setup):
+    """Random per-layer, per-KV-head masks: the engine equals a plain eager forward with 4D masks."""
+    lm, prompt = setup
+    L, Hkv, T = lm.info.num_layers, lm.info.num_kv_heads, len(prompt.context_ids)
+    g = torch.Generator().manual_seed(0)
+    keep = torch.rand(L, Hkv, T, generator=g) < 0.5
+    keep[0, 0, : T // 2] = False  # KV head 0 of layer 0 loses the whole first half
+    from kvroute.engine.decode import decode_cells
+    from kvroute.engine.prefill import prefill
+
+    pre = prefill(lm.model, prompt.context_ids)
+    q = prompt.question_ids
+    ours = decode_cells(lm.model, lm.tokenizer, pre, q[:-1], [KeepMask(keep, "hand", 0.5)], gold_ids=q[-1:],
+                        settings=DecodeSettings(max_new_tokens=1, keep_logits=True))[0]
+    ref = masked_reference_logits(lm, prompt.context_ids, q, keep)
+    torch.testing.assert_close(ours.logits[0], ref[-2], atol=1e-4, rtol=0)
+    torch.testing.assert_close(ours.logits[1], ref[-1], atol=1e-4, rtol=0)
+
+
+def test_gqa_group_axis_matters(setup):
+    """Swapping which query group a KV head's mask applies to changes the logits: the check above can fail."""
+    lm, prompt = setup
+    L, Hkv, T = lm.info.num_layers, lm.info.num_kv_heads, len(prompt.context_ids)
+    keep = torch.ones(L, Hkv, T, dtype=torch.bool)
+    keep[:, 0, : T // 2] = False
+    a = masked_reference_logits(lm, prompt.context_ids, prompt.question_ids, keep)
+    b = masked_reference_logits(lm, prompt.context_ids, prompt.question_ids, keep.flip(1))
+    assert (a[-1] - b[-1]).abs().max() > 1e-3
+
+
+def test_oracle_keeps_evidence_while_budget_allows(setup):
+    lm, prompt = setup
+    T = len(prompt.context_ids)
+    evidence = list(range(10, 22))  # 12 tokens
+    eng = Engine(lm, DecodeSettings(max_new_tokens=2))
+    ratios = [0.2, 0.5, 0.8, 1 - 13 / T]
+    cells = [Cell(f"oracle[base={b}]+{s}", r) for b in ("knorm", "expected_attention") for s in ("per_head", "adakv", "shared")
+             for r in ratios]
+    res = eng.run(prompt, cells, evidence=evidence)
+    for cell, m in zip(cells, res.masks, strict=True):
+        assert bool(m.mask[:, :, evidence].all()), cell
+    anti = eng.run(prompt, [Cell("anti_oracle[base=knorm]", 0.5)], evidence=evidence).masks[0]
+    assert not bool(anti.mask[:, :, evidence].any())  # budget smaller than the non-evidence tokens
+
+
+def test_kept_counts_follow_kvpress_ratio_semantics(setup):
+    lm, prompt = setup
+    T = len(prompt.context_ids)
+    res = Engine(lm, DecodeSettings(max_new_tokens=1)).run(
+        prompt, [Cell("knorm", 0.5), Cell("knorm+adakv", 0.5), Cell("knorm+shared", 0.75)])
+    assert bool((res.masks[0].kept_per_head == int(T * 0.5)).all())
+    assert int(res.masks[1].kept_per_head.sum()) == lm.info.num_layers * lm.info.num_kv_heads * int(T * 0.5)
+    assert bool((res.masks[2].mask == res.masks[2].mask[:, :1]).all())  # same tokens in every head
+
+
+def test_bad_input_is_refused_clearly(setup):
+    lm, prompt = setup
+    eng = Engine(lm)
+    with pytest.raises(UnknownNameError, match="did you mean 'snapkv'"):
+        eng.run(prompt, [Cell("snapvk", 0.5)])
+    with pytest.raises(UnknownNameError, match="did you mean 'adakv'"):
+        eng.run(prompt, [Cell("knorm+adakw", 0.5)])
+    for bad in (1.0, -0.1, 1.5):
+        with pytest.raises(ConfigError, match=r"\[0, 1\)"):
+            eng.run(prompt, [Cell("knorm", bad)])
+    T = len(prompt.context_ids)
+    with pytest.raises(EngineError, match="keeps 0 of"):
+        eng.run(prompt, [Cell("knorm", 1 - 0.5 / T)])
+    short = Prompt(prompt.context_ids[:40], prompt.question_ids)
+    with pytest.raises(EngineError, match="window_size"):
+        eng.run(short, [Cell("snapkv", 0.5)])  # default window of 64 > this short context
+    long = Prompt(prompt.context_ids * 200, prompt.question_ids)
+    with pytest.raises(PromptTooLongError, match="context window of 4096"):
+        eng.run(long, [Cell("knorm", 0.5)])
