@@ -46,9 +46,11 @@ class Scorer(ABC):
 
     def setup(self, model: nn.Module) -> None:
         """Called once per model before the first prefill."""
+        return None
 
     def check(self, num_tokens: int) -> None:
         """Raise :class:`~kvroute.errors.EngineError` if a context of ``num_tokens`` cannot be scored."""
+        return None
 
     @abstractmethod
     def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
