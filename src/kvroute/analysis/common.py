@@ -1,0 +1,150 @@
+"""Shared pieces of the analysis layer: its error, column checks, group keys, baselines, JSON.
+
+Every analysis function takes a records DataFrame (one row per cell, columns named in
+:mod:`kvroute.records`) and returns a tidy DataFrame or plain data. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvroute.errors import KvrouteError
+
+#: the cells of one cliff curve share these; ``ratio`` then varies along the curve
+CURVE_KEYS: tuple[str, ...] = ("model", "press", "regime", "family")
+#: the same without the task family (pooled over families)
+PRESS_KEYS: tuple[str, ...] = ("model", "press", "regime")
+#: the press name kvroute's sweep writes on uncompressed (ratio 0) baseline cells
+BASELINE_PRESS = "none"
+#: the family name that stands for "all families pooled"
+ALL = "all"
+
+
+class AnalysisError(KvrouteError, ValueError):
+    """Records cannot be analysed as asked (missing columns, too little data, bad parameters)."""
+
+
+def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    """Raise :class:`AnalysisError` naming the columns ``what`` needs and the records lack."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise AnalysisError(
+            f"{what} needs the record column(s) {', '.join(missing)}, which these records lack; "
+            f"see kvroute.records for the schema (present: {', '.join(map(str, df.columns)) or 'none'})")
+
+
+def has_columns(df: pd.DataFrame, columns: Iterable[str]) -> bool:
+    """Whether every column exists and has at least one non-null value."""
+    return all(c in df.columns and df[c].notna().any() for c in columns)
+
+
+def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy with missing grouping columns filled, so partial records still analyse.
+
+    ``regime``/``family`` default to ``"all"``, ``seed`` to 0; ``ratio`` becomes float.
+    """
+    require_columns(df, ("model", "instance_id", "press", "ratio"), "the analysis")
+    out = df.copy()
+    for col, default in (("regime", ALL), ("family", ALL), ("seed", 0)):
+        if col not in out.columns:
+            out[col] = default
+        else:
+            out[col] = out[col].fillna(default)
+    out["ratio"] = out["ratio"].astype(float)
+    for col in ("model", "press", "regime", "family", "instance_id"):
+        out[col] = out[col].astype(str)
+    return out
+
+
+def attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
+    """Give every press its ratio-0 cells, copied from the shared ``press == "none"`` baseline.
+
+    The sweep runs the uncompressed baseline once per (model, instance, regime, seed) and labels
+    it ``press="none"``; each press's curve starts from it. A press that has its own ratio-0
+    cells keeps them. When the baseline lacks a regime, the baseline of any regime stands in
+    (at ratio 0 nothing is compressed, so the regimes see the same prompt up to order).
+    Baseline rows are dropped afterwards unless the records contain no other press.
+    """
+    df = with_defaults(df)
+    base = df[df["press"] == BASELINE_PRESS]
+    others = df[df["press"] != BASELINE_PRESS]
+    if others.empty or base.empty:
+        return df.reset_index(drop=True)
+    pieces = [others]
+    cell = ["model", "instance_id", "seed"]
+    any_regime = base.drop_duplicates(cell)
+    for (press, regime), grp in others.groupby(["press", "regime"], sort=False):
+        if (grp["ratio"] == 0).any():
+            continue
+        src = base[base["regime"] == regime]
+        if src.empty:
+            src = any_regime
+        # only the (model, instance, seed) cells this press actually has
+        src = src.merge(grp[cell].drop_duplicates(), on=cell, how="inner")
+        pieces.append(src.assign(press=press, regime=regime))
+    return pd.concat(pieces, ignore_index=True)
+
+
+def pooled(df: pd.DataFrame) -> pd.DataFrame:
+    """The records plus a copy labelled ``family="all"`` (when there is more than one family)."""
+    if df["family"].nunique() <= 1:
+        return df
+    return pd.concat([df, df.assign(family=ALL)], ignore_index=True)
+
+
+def group_seed(seed: int, key: object) -> np.random.Generator:
+    """A Generator for one group that depends only on ``seed`` and the group's key.
+
+    Results for a group therefore do not change when other groups are added or removed.
+    """
+    return np.random.default_rng([int(seed), zlib.crc32(repr(key).encode())])
+
+
+def as_key(keys: Sequence[str], values: object) -> dict[str, Any]:
+    """``{key: value}`` for one ``groupby`` group (``values`` is a scalar or a tuple)."""
+    vals = values if isinstance(values, tuple) else (values,)
+    return dict(zip(keys, vals, strict=True))
+
+
+def stack_vectors(values: Iterable[object]) -> np.ndarray:
+    """Stack per-layer list columns into a float array ``[rows, L]`` (NaN-padded if lengths differ)."""
+    rows = [np.asarray(v, dtype=float).ravel() if v is not None and not _isnan(v) else np.zeros(0) for v in values]
+    if not rows:
+        return np.zeros((0, 0))
+    width = max(len(r) for r in rows)
+    out = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _isnan(v: object) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON data from numpy/pandas values: NaN/inf become ``None``, arrays become lists."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, pd.DataFrame):
+        return [jsonable(r) for r in obj.to_dict(orient="records")]
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if obj is None or obj is pd.NA or obj is pd.NaT:
+        return None
+    return obj

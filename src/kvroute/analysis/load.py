@@ -1,0 +1,127 @@
+"""Reading records for analysis: a run directory's SQLite store, or a Parquet/CSV/JSONL export.
+
+The run store is owned by :mod:`kvroute.sweep`; this module is the *only* place the analysis
+reads it, so when the store's layout changes only :func:`_read_sqlite` has to follow. The layout
+assumed here: ``RUN_DIR/store.sqlite`` holds a table ``records`` whose columns are the field
+names of :mod:`kvroute.records`, with per-layer vectors as JSON text (float32 blobs are accepted
+too); ``RUN_DIR/manifest.json`` holds the run manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvroute.analysis.common import AnalysisError
+from kvroute.errors import StoreError
+from kvroute.records import LAYER_FIELDS
+
+STORE_NAME = "store.sqlite"
+MANIFEST_NAME = "manifest.json"
+TABLE = "records"
+#: columns holding lists of floats (besides the per-layer fields of kvroute.records)
+VECTOR_FIELDS: tuple[str, ...] = (*LAYER_FIELDS, "probe_features")
+BOOL_FIELDS: tuple[str, ...] = ("hallucinated", "reachable", "routed_reachable", "unanswerable")
+_FILE_SUFFIXES = (".parquet", ".csv", ".jsonl", ".ndjson", ".sqlite", ".db")
+
+
+def load_records(path: str | Path) -> pd.DataFrame:
+    """Records from a run directory (``store.sqlite``) or a ``.parquet``/``.csv``/``.jsonl``/``.sqlite`` file.
+
+    Vector columns come back as lists of floats, boolean columns as booleans. Raises
+    :class:`~kvroute.errors.StoreError` when nothing readable is there.
+    """
+    p = Path(path)
+    if p.is_dir():
+        store = p / STORE_NAME
+        if store.is_file():
+            return _decode(_read_sqlite(store))
+        exports = [p / f"records{s}" for s in _FILE_SUFFIXES[:4] if (p / f"records{s}").is_file()]
+        if exports:
+            return load_records(exports[0])
+        raise StoreError(f"{p} holds no {STORE_NAME} (nor a records.parquet/.csv/.jsonl export); "
+                         f"pass the directory a sweep wrote, or a records file")
+    if not p.is_file():
+        raise StoreError(f"no such run directory or records file: {p}")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            df = pd.read_parquet(p)
+        elif suffix == ".csv":
+            df = pd.read_csv(p)
+        elif suffix in (".jsonl", ".ndjson"):
+            df = pd.read_json(p, lines=True, dtype=False)
+        elif suffix in (".sqlite", ".db"):
+            df = _read_sqlite(p)
+        else:
+            raise StoreError(f"cannot read records from {p.name}: use a run directory or a "
+                             f"{', '.join(_FILE_SUFFIXES)} file")
+    except (ValueError, OSError) as e:
+        raise StoreError(f"could not read records from {p}: {e}") from e
+    return _decode(df)
+
+
+def load_manifest(path: str | Path) -> dict[str, Any] | None:
+    """The run manifest next to the records (``manifest.json``), or None when there is none."""
+    p = Path(path)
+    f = (p if p.is_dir() else p.parent) / MANIFEST_NAME
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{f} is not valid JSON ({e}); fix or remove it") from e
+    return data if isinstance(data, dict) else {"manifest": data}
+
+
+def _read_sqlite(path: Path) -> pd.DataFrame:
+    """The ``records`` table of a run store, read-only."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot open {path}: {e}") from e
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        if TABLE not in tables:
+            raise StoreError(f"{path} has no {TABLE!r} table (tables: {', '.join(sorted(tables)) or 'none'}); "
+                             f"is it a kvroute run store?")
+        return pd.read_sql_query(f"SELECT * FROM {TABLE}", con)
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot read {path}: {e}") from e
+    finally:
+        con.close()
+
+
+def _decode_vector(v: object) -> object:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(v), dtype=np.float32).astype(float).tolist()
+    if isinstance(v, str):
+        s = v.strip()
+        if not s:
+            return None
+        try:
+            out = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise AnalysisError(f"a vector column holds text that is not a JSON list: {s[:60]!r}") from e
+        return out
+    if isinstance(v, np.ndarray):
+        return v.astype(float).tolist()
+    return v
+
+
+def _decode(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    for col in VECTOR_FIELDS:
+        if col in df.columns and df[col].dtype == object:
+            df[col] = [_decode_vector(v) for v in df[col]]
+    for col in BOOL_FIELDS:
+        if col in df.columns and df[col].dtype != bool:
+            s = df[col].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))
+                            else str(v).strip().lower() in ("1", "1.0", "true", "yes"))
+            df[col] = s.astype("boolean") if s.isna().any() else s.astype(bool)
+    return df

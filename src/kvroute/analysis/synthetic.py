@@ -1,0 +1,212 @@
+"""Fabricated runs with known answers, for testing the analysis and demonstrating the report.
+
+The records follow :mod:`kvroute.records`. The truth is built in, so tests can check recovery:
+
+* Hallucination follows H(α) = lo + (hi − lo) σ(k (α − α*)) *exactly* in expectation. Each
+  instance draws a type once — always hallucinates (probability lo), never (1 − hi), or has a
+  personal threshold α* + logit(u)/k — so an instance fails at every ratio above its threshold
+  (the same instance is hard for every press), and a share ``noise`` of cells is redrawn
+  independently with probability H(α).
+* α* per (model, press) is ``base_alpha_star`` plus model and press offsets. In the long-context
+  family it depends on the length T: ``law="budget"`` keeps the kept-token budget at the cliff
+  fixed, ``(1 − α*(T)) T = (1 − α*) T_ref``; ``law="ratio"`` keeps α* fixed.
+* GER rises along a sigmoid a little before H and is higher in hallucinated cells; a hallucinated
+  cell has its answer globally evicted (``ger_all_layers == 1``) with probability
+  ``erasure[model]`` — the rest are failures with the answer retained somewhere.
+* Consensus profiles: the "llama" profile is low (heads agree) early and high late; the "qwen"
+  profile the opposite. Retained failures are more rigid (consensus lower by ``rigidity_drop``
+  in the second half of the layers) than successes.
+* ``probe_features`` carry the answer type with a signal that fades with α.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvroute.errors import ConfigError
+
+RATIO_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
+ANSWER_TYPES = ("Person", "Thing", "Organization", "Creature", "Location", "Numeral", "Date/Time", "Event")
+QUESTION_TYPES = ("Standard", "Manipulated", "Part")
+_WORDS = ("Maren", "Velkirra", "Tobin", "Quarrystead", "Brasswind", "Dunmarrow", "Osk", "Hale", "Lund", "Iver")
+
+
+@dataclass(frozen=True)
+class SyntheticModel:
+    name: str
+    layers: int
+    heads: int
+    profile: str  # "llama" | "qwen"
+    alpha_offset: float = 0.0
+    erasure: float = 0.7  # P(answer globally evicted | hallucinated)
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """What to fabricate; validated on construction."""
+
+    models: tuple[SyntheticModel, ...] = (
+        SyntheticModel("llama-like", 16, 8, "llama", 0.0, 0.75),
+        SyntheticModel("qwen-like", 12, 14, "qwen", -0.05, 0.3),
+    )
+    presses: tuple[str, ...] = ("expected_attention+per_head", "snapkv+adakv")
+    press_offsets: tuple[float, ...] = (0.0, 0.03)
+    regimes: tuple[str, ...] = ("agnostic",)
+    families: tuple[str, ...] = ("base", "knowledge", "coreference")
+    long_context_lengths: tuple[int, ...] = (256, 512, 1024, 2048)
+    law: str = "budget"
+    t_ref: int = 512
+    n_instances: int = 40  # per family, and per length for long_context
+    ratios: tuple[float, ...] = RATIO_GRID
+    base_alpha_star: float = 0.85
+    k: float = 40.0
+    lo: float = 0.03
+    hi: float = 0.9
+    noise: float = 0.2
+    rigidity_drop: float = 0.2
+    probe_dims: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.law not in ("budget", "ratio"):
+            raise ConfigError(f"law must be 'budget' or 'ratio', got {self.law!r}")
+        if not 0 <= self.lo < self.hi <= 1:
+            raise ConfigError(f"need 0 ≤ lo < hi ≤ 1, got lo={self.lo}, hi={self.hi}")
+        if self.n_instances < 2:
+            raise ConfigError(f"n_instances must be at least 2, got {self.n_instances}")
+        if len(self.press_offsets) != len(self.presses):
+            raise ConfigError("press_offsets needs one value per press")
+        if 0.0 not in self.ratios or any(not 0 <= r < 1 for r in self.ratios):
+            raise ConfigError("ratios must lie in [0, 1) and include the 0 baseline")
+
+    def alpha_star(self, model: int, press: int, family: str = "base", tokens: float | None = None) -> float:
+        """The true midpoint for one model, press, family and context length."""
+        a = self.base_alpha_star + self.models[model].alpha_offset + self.press_offsets[press]
+        if family == "long_context" and self.law == "budget" and tokens is not None:
+            a = 1.0 - (1.0 - a) * self.t_ref / tokens
+        return float(a)
+
+    def h(self, alpha: np.ndarray, alpha_star: float | np.ndarray) -> np.ndarray:
+        """The true hallucination rate."""
+        return self.lo + (self.hi - self.lo) / (1 + np.exp(-self.k * (np.asarray(alpha) - alpha_star)))
+
+
+def _instances(spec: SyntheticSpec, rng: np.random.Generator) -> pd.DataFrame:
+    rows = []
+    fams = [(f, None) for f in spec.families] + [("long_context", t) for t in spec.long_context_lengths]
+    for fam, length in fams:
+        for i in range(spec.n_instances):
+            t = int(length * rng.uniform(0.96, 1.04)) if length else int(rng.integers(150, 400))
+            rows.append({"instance_id": f"{fam}-{length or 0}-{i:04d}", "family": fam, "context_tokens": t,
+                         "answer_type": ANSWER_TYPES[int(rng.integers(len(ANSWER_TYPES)))],
+                         "question_type": QUESTION_TYPES[int(rng.integers(3))],
+                         "unanswerable": bool(fam == "coreference" and rng.random() < 0.2),
+                         "difficulty": int(rng.integers(1, 4)),
+                         "gold": f"{_WORDS[int(rng.integers(10))]} {_WORDS[int(rng.integers(10))]}"})
+    inst = pd.DataFrame(rows)
+    n = len(inst)
+    kind = rng.random(n)
+    inst["_kind"] = np.where(kind < spec.lo, "always", np.where(kind < spec.hi, "threshold", "never"))
+    inst["_u"] = rng.uniform(1e-6, 1 - 1e-6, n)
+    return inst
+
+
+def _cells(spec: SyntheticSpec, inst: pd.DataFrame) -> pd.DataFrame:
+    parts = []
+    for mi, m in enumerate(spec.models):
+        for regime in spec.regimes:
+            parts.append(inst.assign(model=m.name, _mi=mi, press="none", _pi=0, ratio=0.0, regime=regime))
+            for pi, p in enumerate(spec.presses):
+                for r in spec.ratios:
+                    if r > 0:
+                        parts.append(inst.assign(model=m.name, _mi=mi, press=p, _pi=pi, ratio=r, regime=regime))
+    return pd.concat(parts, ignore_index=True)
+
+
+def synthetic_records(spec: SyntheticSpec | None = None) -> pd.DataFrame:
+    """Records of a fabricated run (see the module docstring for what is built in)."""
+    spec = spec or SyntheticSpec()
+    rng = np.random.default_rng(spec.seed)
+    inst = _instances(spec, rng)
+    df = _cells(spec, inst)
+    n = len(df)
+    a = df["ratio"].to_numpy()
+    astar = np.array([spec.alpha_star(mi, pi, f, t) for mi, pi, f, t in
+                      zip(df["_mi"], df["_pi"], df["family"], df["context_tokens"], strict=True)])
+    h_true = spec.h(a, astar)
+    thr = astar + np.log(df["_u"] / (1 - df["_u"])).to_numpy() / spec.k
+    halluc = np.where(df["_kind"] == "always", True, np.where(df["_kind"] == "never", False, a >= thr))
+    redraw = rng.random(n) < spec.noise
+    halluc = np.where(redraw, rng.random(n) < h_true, halluc).astype(bool)
+    # GER rises a little before H; globally evicted answers explain most llama-like failures
+    g = 1 / (1 + np.exp(-spec.k * (a - (astar - 0.03))))
+    erasure = np.array([spec.models[i].erasure for i in df["_mi"]])
+    glob = np.where(halluc, rng.random(n) < erasure, rng.random(n) < 0.15 * g) & (a > 0)
+    ger = np.clip(0.85 * g + 0.15 * halluc + rng.normal(0, 0.05, n), 0, 1) * (a > 0)
+    ger = np.where(glob, 1.0, np.minimum(ger, 0.99))
+    ger_all = np.where(glob, 1.0, ger * rng.uniform(0, 0.9, n))
+    u = rng.random(n)
+    outcome = np.where(halluc, np.where(u < 0.5, "distractor", "fabricated"),
+                       np.where(u < 0.12 * g, "abstained", np.where(u < 0.25 * g, "partial", "correct")))
+    unans = df["unanswerable"].to_numpy()
+    outcome = np.where(unans & ~halluc, "abstained", outcome)
+    f1 = np.select([outcome == "correct", outcome == "partial"], [1.0, rng.uniform(0.2, 0.8, n)], 0.0)
+    f1 = np.where(unans & (outcome == "abstained"), 1.0, f1)
+    gold = df["gold"].to_numpy()
+    answer = np.select([outcome == "correct", outcome == "partial", outcome == "abstained", outcome == "distractor"],
+                       [gold, np.char.add(gold.astype(str), " perhaps"), "I don't know", "Tobin Hale"], "Someone Else")
+    full_mass = rng.uniform(0.2, 0.5, n)
+    press_parts = df["press"].str.split("+", n=1, expand=True).reindex(columns=[0, 1])
+    logp_full = -rng.uniform(0.5, 3.0, n)
+    delta = -(4 * ger + 2 * halluc) * rng.uniform(0.5, 1.5, n) * (a > 0)
+    reach = ~glob & (rng.random(n) < 1 - 0.5 * ger)
+    out = pd.DataFrame({
+        "model": df["model"], "instance_id": df["instance_id"], "press": df["press"], "ratio": a,
+        "regime": df["regime"], "seed": spec.seed, "settings": "synthetic",
+        "family": df["family"], "answer_type": df["answer_type"], "question_type": df["question_type"],
+        "unanswerable": unans, "context_tokens": df["context_tokens"], "difficulty": df["difficulty"],
+        "scorer": press_parts[0].fillna("none"), "selection": press_parts[1].fillna("none"),
+        "kept_fraction": 1 - a, "answer": answer, "f1": f1, "exact": (f1 == 1).astype(float),
+        "outcome": outcome, "hallucinated": halluc, "ger": ger, "ger_all_layers": ger_all,
+        "ger_evidence": 0.9 * ger, "ger_evidence_all_layers": 0.9 * ger_all, "eviction_rate": a**2,
+        "evidence_attention_mass": full_mass * (1 - 0.8 * ger) * rng.uniform(0.85, 1.1, n),
+        "evidence_attention_mass_full": full_mass, "reachable": reach,
+        "routed_reachable": reach | (rng.random(n) < 0.3),
+        "gold_logprob": logp_full + delta, "gold_logprob_delta": delta,
+    })
+    _layer_vectors(spec, df, out, halluc, glob, rng)
+    return out
+
+
+def _layer_vectors(spec: SyntheticSpec, df: pd.DataFrame, out: pd.DataFrame, halluc: np.ndarray,
+                   glob: np.ndarray, rng: np.random.Generator) -> None:
+    cols: dict[str, list] = {c: [None] * len(df) for c in
+                             ("consensus", "consensus_nosink", "rho", "rho_nosink", "evidence_mass_layer",
+                              "hidden_cosine", "probe_features")}
+    centers = rng.normal(0, 1, (len(ANSWER_TYPES), spec.probe_dims))
+    type_idx = df["answer_type"].map({t: i for i, t in enumerate(ANSWER_TYPES)}).to_numpy()
+    for mi, m in enumerate(spec.models):
+        rows = np.flatnonzero(df["_mi"].to_numpy() == mi)
+        n, L, H = len(rows), m.layers, m.heads
+        depth = np.linspace(0, 1, L)[None, :]  # [1, L]
+        prof = 0.2 + 0.6 * depth if m.profile == "llama" else 0.8 - 0.6 * depth
+        a = df["ratio"].to_numpy()[rows][:, None]  # [n, 1]
+        rigid = (halluc[rows] & ~glob[rows])[:, None] & (depth >= 0.5)
+        cons = prof - 0.1 * a - spec.rigidity_drop * rigid + rng.normal(0, 0.05, (n, L))  # [n, L]
+        cons = np.clip(np.round(cons * H) / H, 1 / H, 1)
+        rho = np.clip(np.round((1.0 + 1 / H - cons + rng.normal(0, 0.03, (n, L))) * H) / H, 1 / H, 1)
+        mass = out["evidence_attention_mass"].to_numpy()[rows][:, None] * rng.uniform(0.5, 1.5, (n, L))
+        cosine = 1 - 0.3 * a * depth - 0.1 * halluc[rows][:, None] * depth
+        signal = 2.5 * np.exp(-3 * a)  # [n, 1]
+        probe = centers[type_idx[rows]] * signal + rng.normal(0, 1, (n, spec.probe_dims))
+        for name, arr in (("consensus", cons), ("consensus_nosink", np.minimum(cons + 1 / H, 1)), ("rho", rho),
+                          ("rho_nosink", np.maximum(rho - 1 / H, 1 / H)), ("evidence_mass_layer", mass),
+                          ("hidden_cosine", cosine), ("probe_features", probe)):
+            vals = arr.round(4).tolist()
+            for j, r in enumerate(rows):
+                cols[name][r] = vals[j]
+    for name, vals in cols.items():
+        out[name] = vals

@@ -1,0 +1,82 @@
+"""Loading records: the run store's SQLite table, and Parquet/CSV/JSONL files."""
+
+import json
+import sqlite3
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvroute.analysis.load import load_manifest, load_records
+from kvroute.analysis.synthetic import SyntheticSpec, synthetic_records
+from kvroute.errors import StoreError
+
+VECTORS = ("consensus", "rho", "probe_features")
+
+
+@pytest.fixture(scope="module")
+def records() -> pd.DataFrame:
+    spec = SyntheticSpec(n_instances=3, families=("base",), long_context_lengths=(512,), presses=("ea",),
+                         press_offsets=(0.0,))
+    return synthetic_records(spec)
+
+
+def _write_store(df: pd.DataFrame, run_dir, *, blobs: bool = False) -> None:
+    out = df.copy()
+    for c in out.columns:
+        if out[c].map(lambda v: isinstance(v, list)).any():
+            out[c] = [np.asarray(v, np.float32).tobytes() if blobs else json.dumps(v) for v in out[c]]
+    out["hallucinated"] = out["hallucinated"].astype(int)  # SQLite has no booleans
+    with sqlite3.connect(run_dir / "store.sqlite") as con:
+        out.to_sql("records", con, index=False)
+    (run_dir / "manifest.json").write_text(json.dumps({"git": "abc123", "models": ["m"]}))
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    assert list(a.columns) == list(b.columns) and len(a) == len(b)
+    for c in VECTORS:
+        for va, vb in zip(a[c], b[c], strict=True):  # models differ in depth: compare row by row
+            assert isinstance(vb, list)
+            np.testing.assert_allclose(va, vb, rtol=1e-6)
+    assert b["hallucinated"].dtype == bool and (a["hallucinated"].to_numpy() == b["hallucinated"].to_numpy()).all()
+    np.testing.assert_allclose(a["ger"], b["ger"])
+
+
+@pytest.mark.parametrize("blobs", [False, True])
+def test_run_directory_with_sqlite_store(records, tmp_path, blobs):
+    _write_store(records, tmp_path, blobs=blobs)
+    _same(records, load_records(tmp_path))
+    assert load_manifest(tmp_path) == {"git": "abc123", "models": ["m"]}
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
+def test_records_files(records, tmp_path, suffix):
+    p = tmp_path / f"run{suffix}"
+    if suffix == ".parquet":
+        records.to_parquet(p)
+    elif suffix == ".csv":
+        out = records.copy()
+        for c in VECTORS:
+            out[c] = out[c].map(json.dumps)
+        out.to_csv(p, index=False)
+    else:
+        records.to_json(p, orient="records", lines=True)
+    _same(records, load_records(p))
+    assert load_manifest(p) is None
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(StoreError, match="no store.sqlite"):
+        load_records(tmp_path)
+    with pytest.raises(StoreError, match="no such run directory"):
+        load_records(tmp_path / "missing")
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(StoreError, match="cannot read records"):
+        load_records(tmp_path / "x.txt")
+    with sqlite3.connect(tmp_path / "store.sqlite") as con:
+        con.execute("CREATE TABLE other (a INTEGER)")
+    with pytest.raises(StoreError, match="no 'records' table"):
+        load_records(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(StoreError, match="not valid JSON"):
+        load_manifest(tmp_path)

@@ -1,0 +1,50 @@
+"""The linear probe: macro-F1 under stratified cross-validation, and its errors."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvroute.analysis.common import AnalysisError
+from kvroute.metrics.probe import linear_probe_macro_f1, probe_by_ratio
+
+
+def _blobs(sep: float, n: int = 120, k: int = 3, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(k), n // k)
+    centers = rng.normal(0, 1, (k, 5)) * sep
+    return centers[y] + rng.normal(0, 1, (len(y), 5)), y
+
+
+def test_separable_classes_give_macro_f1_near_one_and_noise_near_chance():
+    X, y = _blobs(sep=10)
+    mean, std = linear_probe_macro_f1(X, y)
+    assert mean > 0.97 and std < 0.05
+    X, y = _blobs(sep=0)
+    assert linear_probe_macro_f1(X, y)[0] < 0.55  # chance is 1/3
+    assert linear_probe_macro_f1(X, y, seed=1) != linear_probe_macro_f1(X, y, seed=2)
+
+
+def test_clear_errors_for_unusable_data():
+    X, y = _blobs(sep=1)
+    with pytest.raises(AnalysisError, match="at least 2 classes"):
+        linear_probe_macro_f1(X, np.zeros(len(y)))
+    y2 = y.copy()
+    y2[:3] = 99  # a class with 3 members cannot fill 5 folds
+    with pytest.raises(AnalysisError, match="too few samples per class"):
+        linear_probe_macro_f1(X, y2)
+    with pytest.raises(AnalysisError, match="2-D"):
+        linear_probe_macro_f1(X[:, 0], y)
+    with pytest.raises(AnalysisError, match="labels"):
+        linear_probe_macro_f1(X, y[:-1])
+
+
+def test_probe_by_ratio_runs_per_group_and_notes_failures():
+    X, y = _blobs(sep=10, n=60)
+    rows = [{"model": "m", "press": "p", "instance_id": str(i), "ratio": r, "probe_features": X[i].tolist(),
+             "answer_type": f"t{y[i]}", "exact": 1.0} for i in range(60) for r in (0.0, 0.5)]
+    rows += [{"model": "m", "press": "p", "instance_id": "z", "ratio": 0.9, "probe_features": [0.0] * 5,
+              "answer_type": "t0", "exact": 0.0}]
+    out = probe_by_ratio(pd.DataFrame(rows)).set_index("ratio")
+    assert out.loc[0.0, "macro_f1"] > 0.95 and out.loc[0.0, "accuracy"] == 1.0
+    assert np.isnan(out.loc[0.9, "macro_f1"]) and "2 classes" in out.loc[0.9, "note"]
+    assert probe_by_ratio(pd.DataFrame(rows).drop(columns="probe_features")).empty
