@@ -203,6 +203,29 @@ def demo(
     ask(model=model, context=SAMPLE_CONTEXT, question=SAMPLE_QUESTION, max_new_tokens=32, device=None, dtype=None)
 
 
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="Run directory (store.sqlite + manifest.json) or a .parquet/.csv/.jsonl records file.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default: RUN_DIR/report).")] = None,
+    title: Annotated[str, typer.Option(help="Report title.")] = "kvroute report",
+    n_boot: Annotated[int, typer.Option(help="Bootstrap replicates (resampling instances).")] = 1000,
+    delta: Annotated[float, typer.Option(help="Safe ratio: allowed rise of the hallucination rate over the baseline.")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """Analyse a run's records and write report.html, summary.json and figures/."""
+    from kvroute.analysis.load import load_manifest, load_records
+    from kvroute.analysis.summary import AnalysisConfig
+    from kvroute.report.build import build_report
+
+    t0 = time.perf_counter()
+    df = load_records(run)
+    out = out or (run if run.is_dir() else run.parent) / "report"
+    with err_console.status(f"analysing {len(df)} records"):
+        path = build_report(df, out, manifest=load_manifest(run), title=title,
+                            config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed))
+    console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
+
+
 def main() -> None:
     try:
         app()

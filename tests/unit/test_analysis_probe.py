@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from kvroute.analysis.common import AnalysisError
-from kvroute.metrics.probe import linear_probe_macro_f1, probe_by_ratio
+from kvroute.analysis.probe import linear_probe_macro_f1, probe_by_ratio
 
 
 def _blobs(sep: float, n: int = 120, k: int = 3, seed: int = 0):
@@ -48,3 +48,21 @@ def test_probe_by_ratio_runs_per_group_and_notes_failures():
     assert out.loc[0.0, "macro_f1"] > 0.95 and out.loc[0.0, "accuracy"] == 1.0
     assert np.isnan(out.loc[0.9, "macro_f1"]) and "2 classes" in out.loc[0.9, "note"]
     assert probe_by_ratio(pd.DataFrame(rows).drop(columns="probe_features")).empty
+
+
+def test_the_metrics_namespace_exports_the_same_probe():
+    from kvroute.analysis import probe
+    from kvroute.metrics import probe as metrics_probe
+
+    assert metrics_probe.linear_probe_macro_f1 is probe.linear_probe_macro_f1
+    assert metrics_probe.probe_by_ratio is probe.probe_by_ratio
+
+
+def test_probe_by_ratio_leaves_out_rare_classes_and_says_so():
+    X, y = _blobs(sep=10, n=60)
+    labels = [f"t{v}" for v in y]
+    labels[0] = "rare"
+    df = pd.DataFrame({"model": "m", "press": "p", "instance_id": [str(i) for i in range(60)], "ratio": 0.0,
+                       "probe_features": [x.tolist() for x in X], "answer_type": labels})
+    row = probe_by_ratio(df).iloc[0]
+    assert row.n_classes == 3 and row.macro_f1 > 0.95 and "rare (1)" in row.note

@@ -22,8 +22,8 @@ from kvroute.analysis.context import LONG_CONTEXT, cliff_vs_length
 from kvroute.analysis.correlation import conditional_hallucination, ger_hallucination_correlation
 from kvroute.analysis.curves import breakdown, layer_profiles, routing_curves
 from kvroute.analysis.decomposition import failure_decomposition, rigidity_comparison
+from kvroute.analysis.probe import probe_by_ratio
 from kvroute.errors import ConfigError
-from kvroute.metrics.probe import probe_by_ratio
 
 log = logging.getLogger(__name__)
 

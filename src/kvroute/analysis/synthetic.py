@@ -210,3 +210,23 @@ def _layer_vectors(spec: SyntheticSpec, df: pd.DataFrame, out: pd.DataFrame, hal
                 cols[name][r] = vals[j]
     for name, vals in cols.items():
         out[name] = vals
+
+
+def synthetic_keep_mask(*, layers: int = 16, kv_heads: int = 4, tokens: int = 96, ratio: float = 0.8,
+                        evidence: tuple[int, ...] = tuple(range(40, 52)), answer: tuple[int, ...] = (44, 45),
+                        seed: int = 0) -> dict:
+    """A plausible keep-mask ``[L, Hkv, T]`` (per-head top-k of random scores, evidence favoured in
+    early layers) with its evidence/answer positions and token strings, for the survival heatmap."""
+    rng = np.random.default_rng(seed)
+    scores = rng.random((layers, kv_heads, tokens))  # [L, Hkv, T]
+    depth = np.linspace(1, 0, layers)[:, None, None]  # [L, 1, 1]: early layers favour the evidence
+    scores[:, :, list(evidence)] += 0.6 * depth * rng.random((layers, kv_heads, len(evidence)))
+    k = max(1, int(round((1 - ratio) * tokens)))
+    top = np.argsort(-scores, axis=2)[:, :, :k]  # [L, Hkv, k]
+    keep = np.zeros((layers, kv_heads, tokens), bool)
+    np.put_along_axis(keep, top, True, axis=2)
+    words = ["Maren", " Osk", "vold", " was", " born", " in", " <b>Vel", "kirra</b>", " in", " 1974", ".", " She"]
+    toks = [f"t{i}" for i in range(tokens)]
+    for j, p in enumerate(evidence):
+        toks[p] = words[j % len(words)]
+    return {"keep": keep, "evidence": list(evidence), "answer": list(answer), "tokens": toks}

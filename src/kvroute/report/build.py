@@ -1,0 +1,214 @@
+"""``build_report``: records → ``report.html`` (self-contained) + ``summary.json`` + ``figures/*.png``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from kvroute import __version__
+from kvroute.analysis.common import AnalysisError, attach_baseline
+from kvroute.analysis.summary import AnalysisConfig, run_analysis
+from kvroute.report import figures_cliff as fc
+from kvroute.report import figures_routing as fr
+from kvroute.report import html as h
+from kvroute.report.heatmap import SurvivalExample, survival_figure
+from kvroute.report.render import data_uri, png_bytes
+
+log = logging.getLogger(__name__)
+
+#: every figure the report can hold: (element id, section heading)
+FIGURES: tuple[tuple[str, str], ...] = (
+    ("fig-cliff", "Hallucination cliff"),
+    ("fig-context", "α* against context length"),
+    ("fig-ger", "GER and hallucination"),
+    ("fig-rau", "Retention, accessibility, utilization"),
+    ("fig-decomposition", "Failure decomposition"),
+    ("fig-consensus", "Layer-wise head consensus"),
+    ("fig-survival", "Evidence survival in one instance"),
+    ("fig-probe", "Representation probe"),
+)
+
+
+def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, Any] | None = None,
+                 title: str = "kvroute report", survival: SurvivalExample | None = None,
+                 config: AnalysisConfig | None = None, examples_per_ratio: int = 3) -> Path:
+    """Analyse ``df`` and write ``report.html``, ``summary.json`` and ``figures/`` into ``out_dir``.
+
+    ``survival`` is one instance's keep-mask for the survival heatmap (the records do not hold
+    keep-masks). Sections whose data are missing say so instead of showing a figure. Returns the
+    path of ``report.html``.
+    """
+    cfg = config or AnalysisConfig()
+    analysis = run_analysis(df, cfg)
+    s, t = analysis.summary, analysis.tables
+    out = Path(out_dir)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    notes = s["notes"]
+
+    def fig(fig_id: str, make: Callable[[], Figure | None], caption: str, missing: str) -> str:
+        try:
+            f = make()
+        except AnalysisError as e:
+            return h.note(f"{missing} ({e})")
+        if f is None:
+            return h.note(missing)
+        png = png_bytes(f)
+        (out / "figures" / f"{fig_id.removeprefix('fig-')}.png").write_bytes(png)
+        return h.figure(fig_id, data_uri(png), caption)
+
+    def why(*sections: str) -> str:
+        return "; ".join(notes[x] for x in sections if x in notes) or "no data for this figure"
+
+    body = [
+        h.section("run", "Run", h.paragraph(
+            f"{s['n_records']} cell records over {s['n_instances']} instances; models: {', '.join(s['models'])}; "
+            f"presses: {', '.join(s['presses'])}; regimes: {', '.join(s['regimes'])}; families: {', '.join(s['families'])}; "
+            f"ratios: {', '.join(f'{r:g}' for r in s['ratios'])}."), h.manifest_table(manifest)),
+        h.section("headline", "Headline numbers", h.paragraph(
+            "Families pooled, per model, press and regime. α* is the fitted sigmoid midpoint with its 95% bootstrap "
+            "interval over instances; the safe ratio is the largest ratio whose hallucination rate stays within "
+            f"δ = {cfg.delta:g} of the baseline at {cfg.confidence:.0%} confidence (one-sided)."),
+            _headline_table(s["headline"]) if s["headline"] else h.note(why("cliff"))),
+        h.section("cliff", "1. Hallucination cliff",
+                  fig("fig-cliff", lambda: fc.cliff_figure(t.get("cliff_curves"), t.get("cliffs")),
+                      "H(α) per press with 95% bootstrap bands over instances; the dotted curve is the fitted sigmoid, "
+                      "the vertical line α*, the shaded span its interval, ▲ the safe ratio.", why("cliff")),
+                  _cliff_table(t.get("cliffs"))),
+        h.section("context", "2. α* against context length",
+                  fig("fig-context", lambda: fc.context_figure(t.get("length_cliffs"), t.get("length_verdicts")),
+                      "α* and the critical kept-token budget (1 − α*)·T against T (long-context family), 95% intervals.",
+                      why("context_length")),
+                  _verdict_table(t.get("length_verdicts"))),
+        h.section("ger", "3. GER and hallucination",
+                  fig("fig-ger", lambda: fc.ger_figure(t.get("ger_points"), t.get("ger_correlation")),
+                      "Mean GER against hallucination rate, one point per ratio; r is Pearson's across ratios.",
+                      why("ger_correlation")),
+                  _table_or_note(t.get("conditional"), _COND_COLS, why("conditional"))),
+        h.section("rau", "4. Retention, accessibility, utilization",
+                  fig("fig-rau", lambda: fr.rau_figure(t.get("routing")),
+                      "Per ratio: retention (1 − GER), accessibility (evidence attention mass relative to the full cache, "
+                      "reachability shares) and utilization (F1, gold log-prob Δ), with the hallucination rate.",
+                      why("routing")),
+                  _breakdown_tables(t)),
+        h.section("decomposition", "5. Failure decomposition: erasure or rigidity?",
+                  fig("fig-decomposition", lambda: fr.decomposition_figure(t.get("decomposition")),
+                      f"Failures (hallucinated or F1 < {cfg.f1_threshold:g}) split into erasure (ger_all_layers ≥ "
+                      f"{cfg.ger_threshold:g}) and retained failures.", why("decomposition")),
+                  _rigidity_table(t.get("rigidity"), why("rigidity"))),
+        h.section("consensus", "6. Layer-wise head consensus",
+                  fig("fig-consensus", lambda: fr.consensus_figure(t.get("consensus_profiles")),
+                      "Consensus(ℓ) = distinct argmax keys / query heads at the last prompt token, per model; low means "
+                      "the heads agree. Full cache (solid) against compressed ratios (dashed, mean over presses).",
+                      why("consensus_profiles"))),
+        h.section("survival", "7. Evidence survival in one instance",
+                  fig("fig-survival", lambda: survival_figure(survival) if survival is not None else None,
+                      "Which layers and KV heads keep the evidence tokens of one instance under one press and ratio.",
+                      "No keep-mask was supplied (pass survival=SurvivalExample(keep, evidence, ...) to build_report).")),
+        h.section("probe", "8. Representation probe against accuracy",
+                  fig("fig-probe", lambda: fr.probe_figure(t.get("probe")),
+                      "Macro-F1 of a cross-validated logistic-regression probe for the answer type on the last-prompt-"
+                      "token features (± std over folds), next to exact-match accuracy.", why("probe"))),
+        h.section("examples", "9. Example answers per ratio", h.paragraph(
+            "A few answers per ratio, chosen at random (seeded), shown verbatim as text."),
+            _examples(df, examples_per_ratio, cfg.seed)),
+        h.section("notes", "Notes and operational choices",
+                  h.table([{"setting": k, "value": v} for k, v in s["settings"].items()], [("setting", "setting"), ("value", "value")]),
+                  h.table([{"section": k, "note": v} for k, v in notes.items()], [("section", "section"), ("note", "note")])
+                  if notes else h.paragraph("Every section ran.")),
+    ]
+    toc = [("run", "Run"), ("headline", "Headline numbers"), ("cliff", "Hallucination cliff"),
+           ("context", "α* against context length"), ("ger", "GER and hallucination"),
+           ("rau", "Retention, accessibility, utilization"), ("decomposition", "Failure decomposition"),
+           ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"), ("probe", "Probe"),
+           ("examples", "Example answers"), ("notes", "Notes")]
+    meta = f"kvroute {__version__} · {s['n_records']} records · bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}"
+    (out / "summary.json").write_text(json.dumps(s, indent=2, allow_nan=False, ensure_ascii=False), encoding="utf-8")
+    path = out / "report.html"
+    path.write_text(h.page(title, meta, toc, body), encoding="utf-8")
+    log.info("wrote %s", path)
+    return path
+
+
+_COND_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), ("family", "family"),
+              ("n_evicted", "cells evicted"), ("p_h_evicted", "P(H | evicted)"), ("n_kept", "cells retained"),
+              ("p_h_kept", "P(H | retained)"), ("risk_ratio", "risk ratio"), ("fisher_p", "Fisher p")]
+
+
+def _table_or_note(df: pd.DataFrame | None, cols: list[tuple[str, str]], missing: str) -> str:
+    if df is None or df.empty:
+        return h.note(missing)
+    return h.table(df, [c for c in cols if c[0] in df.columns])
+
+
+def _headline_table(rows: list[dict[str, Any]]) -> str:
+    return h.table(rows, [
+        ("model", "model"), ("press", "press"), ("regime", "regime"), ("alpha_star", "α*"), ("alpha_star_ci", "α* 95% CI"),
+        ("cliff_status", "fit"), ("alpha_chi_max", "argmax χ"), ("safe_ratio", "safe ratio"), ("h_baseline", "H(0)"),
+        ("ger_pearson_r", "GER r"), ("ger_pearson_p", "p"), ("p_h_given_evicted", "P(H|evicted)"),
+        ("p_h_given_retained", "P(H|retained)"), ("context_length_verdict", "length law"),
+        ("probe_f1_baseline", "probe F1 (α=0)"), ("probe_f1_at_safe_ratio", "probe F1 (safe α)")])
+
+
+def _cliff_table(cliffs: pd.DataFrame | None) -> str:
+    if cliffs is None or cliffs.empty:
+        return ""
+    return h.table(cliffs, [("model", "model"), ("press", "press"), ("regime", "regime"), ("family", "family"),
+                            ("alpha_star", "α*"), ("alpha_star_low", "CI low"), ("alpha_star_high", "CI high"),
+                            ("status", "fit"), ("alpha_chi_max", "argmax χ"), ("chi_max", "max χ"),
+                            ("safe_ratio", "safe ratio"), ("n_instances", "instances"), ("reason", "note")],
+                   text_columns=["reason"])
+
+
+def _verdict_table(v: pd.DataFrame | None) -> str:
+    if v is None or v.empty:
+        return ""
+    return h.table(v, [("model", "model"), ("press", "press"), ("regime", "regime"), ("n_lengths", "lengths"),
+                       ("cv_kept", "CV of 1 − α*"), ("cv_budget", "CV of budget*"), ("steadier", "steadier"),
+                       ("beta", "β"), ("beta_low", "β low"), ("beta_high", "β high"), ("verdict", "verdict"),
+                       ("reason", "why")], text_columns=["reason"])
+
+
+def _rigidity_table(r: pd.DataFrame | None, missing: str) -> str:
+    if r is None or r.empty:
+        return h.note(missing)
+    cols = [("model", "model"), ("press", "press"), ("regime", "regime"), ("ratio", "α"),
+            ("n_retained_failures", "retained failures"), ("n_matched_successes", "matched successes"),
+            ("consensus_fail", "consensus (fail)"), ("consensus_success", "consensus (success)"),
+            ("consensus_delta", "Δ consensus"), ("rho_delta", "Δ ρ")]
+    return (h.paragraph("Retained failures against successes at the same ratio with matched GER (binned): a negative "
+                        "Δ consensus / positive Δ ρ means the failing cells' heads agree more — rigidity.")
+            + h.table(r, [c for c in cols if c[0] in r.columns]))
+
+
+def _breakdown_tables(t: dict[str, pd.DataFrame]) -> str:
+    parts = []
+    for by in ("answer_type", "question_type"):
+        b = t.get(f"by_{by}")
+        if b is None or b.empty or "f1" not in b.columns:
+            continue
+        pivot = b.groupby(["model", by, "ratio"])["f1"].mean().unstack("ratio").reset_index()
+        cols = [("model", "model"), (by, by)] + [(r, f"F1 α={r:g}") for r in pivot.columns[2:]]
+        parts.append(h.paragraph(f"Mean F1 by {by.replace('_', ' ')} (presses pooled).") + h.table(pivot, cols))
+    return "".join(parts)
+
+
+def _examples(df: pd.DataFrame, per_ratio: int, seed: int) -> str:
+    if "answer" not in df.columns:
+        return h.note("The records carry no answer text.")
+    data = attach_baseline(df)
+    rng = np.random.default_rng(seed)
+    picks = []
+    for _, g in data.sort_values(["ratio", "model", "press", "instance_id"]).groupby("ratio", sort=True):
+        idx = rng.choice(len(g), size=min(per_ratio, len(g)), replace=False)
+        picks.append(g.iloc[np.sort(idx)])
+    ex = pd.concat(picks)
+    cols = [("ratio", "α"), ("model", "model"), ("press", "press"), ("instance_id", "instance"),
+            ("outcome", "outcome"), ("f1", "F1"), ("answer", "answer")]
+    return h.table(ex, [c for c in cols if c[0] in ex.columns], text_columns=["answer"])

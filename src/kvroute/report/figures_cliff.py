@@ -1,0 +1,121 @@
+"""Report figures about the cliff: H(α) with bands and α*, α* against context length, GER vs H."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from kvroute.analysis.sigmoid import sigmoid
+from kvroute.report.render import MAX_PANELS, color_map, panels, plain_label, short
+
+
+def _curve_label(row: pd.Series | dict, with_regime: bool) -> str:
+    label = short(row["press"], 32)
+    return f"{label} ({plain_label(row['regime'])})" if with_regime else label
+
+
+def _num(v: object) -> float | None:
+    return float(v) if v is not None and not pd.isna(v) else None  # type: ignore[arg-type]
+
+
+def cliff_figure(curves: pd.DataFrame, cliffs: pd.DataFrame, *, family: str = "all") -> Figure | None:
+    """One panel per model: H(α) per press with its 95% band, the fitted sigmoid, α* and its interval."""
+    if curves is None or curves.empty:
+        return None
+    fam = family if (curves["family"] == family).any() else curves["family"].iloc[0]
+    cur = curves[curves["family"] == fam]
+    fits = cliffs[cliffs["family"] == fam] if cliffs is not None and not cliffs.empty else pd.DataFrame()
+    models = sorted(cur["model"].unique())[:MAX_PANELS]
+    colors = color_map(sorted(cur["press"].unique()))
+    with_regime = cur["regime"].nunique() > 1
+    fig, axes = panels(len(models), sharey=True)
+    for ax, model in zip(axes, models, strict=True):
+        for (press, regime), g in cur[cur["model"] == model].groupby(["press", "regime"], sort=True):
+            c = colors[press]
+            style = "-" if regime == sorted(cur["regime"].unique())[0] else "--"
+            label = _curve_label({"press": press, "regime": regime}, with_regime)
+            ax.fill_between(g["ratio"], g["h_low"], g["h_high"], color=c, alpha=0.15, linewidth=0)
+            ax.plot(g["ratio"], g["h"], style, marker="o", ms=3.5, color=c, label=label)
+            f = fits[(fits["model"] == model) & (fits["press"] == press) & (fits["regime"] == regime)] if not fits.empty else fits
+            if f.empty:
+                continue
+            f = f.iloc[0]
+            a = _num(f.get("alpha_star"))
+            if a is not None:
+                x = np.linspace(g["ratio"].min(), g["ratio"].max(), 200)
+                ax.plot(x, sigmoid(x, f["lo"], f["hi"] - f["lo"], f["k"], a), ":", color=c, lw=1)
+                ax.axvline(a, color=c, lw=1, alpha=0.8)
+                lo, hi = _num(f.get("alpha_star_low")), _num(f.get("alpha_star_high"))
+                if lo is not None and hi is not None:
+                    ax.axvspan(lo, hi, color=c, alpha=0.08)
+            s = _num(f.get("safe_ratio"))
+            if s is not None:
+                ax.plot([s], [0], marker="^", color=c, ms=8, clip_on=False, zorder=5)
+        ax.set_title(short(model, 50))
+        ax.set_xlabel("compression ratio α")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("hallucination rate H(α)")
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"Hallucination cliff ({plain_label(fam)}): band = 95% bootstrap CI, vertical line = α*, "
+                 f"shaded = its CI, ▲ = safe ratio", fontsize=10)
+    return fig
+
+
+def context_figure(by_length: pd.DataFrame, verdicts: pd.DataFrame) -> Figure | None:
+    """α* and the critical budget (1 − α*)·T against the context length T, per model and press."""
+    if by_length is None or by_length.empty or by_length["alpha_star"].notna().sum() == 0:
+        return None
+    fig, (ax_a, ax_b) = panels(2, width=5.2)
+    groups = list(by_length.groupby(["model", "press", "regime"], sort=True))
+    colors = color_map([k for k, _ in groups])
+    for key, g in groups:
+        g = g.dropna(subset=["alpha_star"]).sort_values("T")
+        if g.empty:
+            continue
+        label = short(f"{key[0]} · {key[1]}", 44)
+        c = colors[key]
+        a_err = np.array([g["alpha_star"] - g["alpha_star_low"].astype(float), g["alpha_star_high"].astype(float) - g["alpha_star"]])
+        b_err = np.array([g["budget_star"] - g["budget_star_low"].astype(float), g["budget_star_high"].astype(float) - g["budget_star"]])
+        ax_a.errorbar(g["T"], g["alpha_star"], yerr=np.nan_to_num(a_err), marker="o", color=c, capsize=3, label=label)
+        ax_b.errorbar(g["T"], g["budget_star"], yerr=np.nan_to_num(b_err), marker="o", color=c, capsize=3, label=label)
+    for ax, ylabel in ((ax_a, "α* (ratio at the cliff)"), (ax_b, "budget* = (1 − α*)·T kept tokens")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length T (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+    ax_a.legend(fontsize=7)
+    title = "α* against context length — a flat right panel means a fixed budget, a flat left one a fixed ratio"
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def ger_figure(points: pd.DataFrame, corr: pd.DataFrame, *, family: str = "all") -> Figure | None:
+    """Mean GER against hallucination rate, one point per ratio, per model panel, r in the legend."""
+    if points is None or points.empty:
+        return None
+    fam = family if (points["family"] == family).any() else points["family"].iloc[0]
+    pts = points[points["family"] == fam]
+    models = sorted(pts["model"].unique())[:MAX_PANELS]
+    colors = color_map(sorted(pts["press"].unique()))
+    with_regime = pts["regime"].nunique() > 1
+    fig, axes = panels(len(models), sharey=True)
+    for ax, model in zip(axes, models, strict=True):
+        for i, ((press, regime), g) in enumerate(pts[pts["model"] == model].groupby(["press", "regime"], sort=True)):
+            g = g.sort_values("ratio")
+            r = corr[(corr["model"] == model) & (corr["press"] == press) & (corr["regime"] == regime) & (corr["family"] == fam)]
+            pr = _num(r["pearson_r"].iloc[0]) if not r.empty else None
+            label = _curve_label({"press": press, "regime": regime}, with_regime) + (f"  r = {pr:.2f}" if pr is not None else "  r n/a")
+            ax.plot(g["ger"], g["h"], "-o", ms=4, color=colors[press], label=label, alpha=0.85)
+            for _, p in g.iterrows() if i == 0 else ():  # ratio labels on the first curve only
+                ax.annotate(f"{p['ratio']:g}", (p["ger"], p["h"]), fontsize=6, xytext=(3, -8), textcoords="offset points")
+        ax.set_title(short(model, 50))
+        ax.set_xlabel("mean GER (answer tokens)")
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0].set_ylabel("hallucination rate")
+    fig.suptitle("GER against hallucination across the ratio grid (labels = ratio; Pearson r)", fontsize=10)
+    return fig

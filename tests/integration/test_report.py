@@ -1,0 +1,113 @@
+"""The report: every figure embedded, every task/model text escaped, graceful degradation, the CLI."""
+
+import base64
+import json
+import re
+import sqlite3
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvroute.analysis.summary import AnalysisConfig
+from kvroute.analysis.synthetic import SyntheticSpec, synthetic_keep_mask, synthetic_records
+from kvroute.errors import StoreError
+from kvroute.report.build import FIGURES, build_report
+from kvroute.report.heatmap import SurvivalExample
+
+EVIL = "<script>alert('pwned')</script>"
+FAST = AnalysisConfig(n_boot=100)
+IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+
+
+def hostile_records() -> pd.DataFrame:
+    spec = SyntheticSpec(n_instances=20, families=("base", "coreference"), long_context_lengths=(256, 512, 1024))
+    df = synthetic_records(spec)
+    df.loc[df.ratio == 0.9, "answer"] = EVIL  # a model answer that tries to run code
+    df.loc[df.model == "qwen-like", "model"] = '"><img src=x onerror=alert(1)>'  # names reach every table
+    return df
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    survival = SurvivalExample(**synthetic_keep_mask(), title="base-0001 <i>α=0.8</i>")
+    path = build_report(hostile_records(), out, manifest={"git": "abc123", "note": EVIL}, title="Run <b>1</b>",
+                        survival=survival, config=FAST)
+    return path, path.read_text(encoding="utf-8")
+
+
+def test_report_has_every_figure_embedded_as_png(report):
+    path, html = report
+    for fig_id, _ in FIGURES:
+        assert f'<figure id="{fig_id}">' in html, fig_id
+    images = IMG.findall(html)
+    assert len(images) == len(FIGURES)
+    for b64 in images:
+        assert base64.b64decode(b64)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (path.parent / "figures").glob("*.png")) == sorted(
+        f"{i.removeprefix('fig-')}.png" for i, _ in FIGURES)
+
+
+def test_report_escapes_task_and_model_text(report):
+    _, html = report
+    assert "<script" not in html.lower()  # no script at all, not even ours
+    assert "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in html  # the answer shows as text
+    assert "onerror=alert(1)>" not in html and "&quot;&gt;&lt;img src=x onerror=alert(1)&gt;" in html
+    assert "<title>Run &lt;b&gt;1&lt;/b&gt;</title>" in html
+
+
+def test_report_is_self_contained(report):
+    _, html = report
+    assert "http://" not in html and "https://" not in html
+    assert "<link" not in html and "@import" not in html
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+
+
+def test_summary_json_is_written(report):
+    path, _ = report
+    s = json.loads((path.parent / "summary.json").read_text())
+    assert s["headline"] and s["settings"]["n_boot"] == 100
+    assert {"cliffs", "length_verdicts", "decomposition", "probe"} <= set(s)
+
+
+def test_report_degrades_when_data_are_missing(tmp_path):
+    df = hostile_records()
+    df = df[df.family != "long_context"].drop(columns=["consensus", "rho", "consensus_nosink", "rho_nosink",
+                                                        "probe_features"])
+    html = build_report(df, tmp_path, config=FAST).read_text()
+    missing = {"fig-context", "fig-consensus", "fig-survival", "fig-probe"}
+    for fig_id, _ in FIGURES:
+        assert (f'<figure id="{fig_id}">' in html) == (fig_id not in missing), fig_id
+    assert "no &#x27;long_context&#x27; family cells" in html
+    assert "No keep-mask was supplied" in html and "No run manifest" in html
+
+
+def _run_dir(tmp_path) -> None:
+    df = synthetic_records(SyntheticSpec(n_instances=12, families=("base",), long_context_lengths=()))
+    for c in df.columns:
+        if df[c].map(lambda v: isinstance(v, list)).any():
+            df[c] = df[c].map(json.dumps)
+    with sqlite3.connect(tmp_path / "store.sqlite") as con:
+        df.to_sql("records", con, index=False)
+    (tmp_path / "manifest.json").write_text(json.dumps({"git": "deadbeef"}))
+
+
+def test_cli_report_on_a_run_directory_and_a_records_file(tmp_path):
+    from kvroute.cli import app
+
+    _run_dir(tmp_path)
+    runner = CliRunner()
+    res = runner.invoke(app, ["report", str(tmp_path), "--n-boot", "50"])
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "deadbeef" in html and (tmp_path / "report" / "summary.json").is_file()
+
+    csv = tmp_path / "records.csv"
+    pd.read_sql_query("SELECT * FROM records", sqlite3.connect(tmp_path / "store.sqlite")).to_csv(csv, index=False)
+    res = runner.invoke(app, ["report", str(csv), "--out", str(tmp_path / "r2"), "--n-boot", "50"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r2" / "report.html").is_file()
+
+    res = runner.invoke(app, ["report", str(tmp_path / "nowhere")])
+    assert isinstance(res.exception, StoreError)
