@@ -226,6 +226,100 @@ def report(
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
 
 
+presses_app = typer.Typer(help="Scorers and selection strategies (a press is scorer or scorer+selection).",
+                          no_args_is_help=True)
+app.add_typer(presses_app, name="presses")
+
+
+@presses_app.command("list")
+def presses_list() -> None:
+    """List the registered scorers and selection strategies with their parameters and defaults."""
+    from kvroute.presses import SCORERS, SELECTIONS
+
+    t = Table(title="scorers", show_lines=False)
+    for col in ("name", "parameters (defaults)", "notes", "description"):
+        t.add_column(col, overflow="fold")
+    for name, cls in SCORERS.items():
+        params = ", ".join(f"{k}={v}" for k, v in cls.parameters().items()) or "-"
+        notes = []
+        if cls.needs_attentions is True:
+            notes.append("N×N prefill map")
+        if cls.ratio_dependent is True:
+            notes.append("scored per ratio")
+        if cls.needs_evidence is True:
+            notes.append("needs evidence spans")
+        t.add_row(name, params, ", ".join(notes), cls.description)
+    console.print(t)
+    t = Table(title="selection strategies")
+    for col in ("name", "parameters (defaults)", "description"):
+        t.add_column(col, overflow="fold")
+    for name, cls in SELECTIONS.items():
+        params = ", ".join(f"{k}={v}" for k, v in cls.parameters().items()) or "-"
+        t.add_row(name, params, cls.description)
+    console.print(t)
+    from rich.markup import escape
+
+    console.print("A press is [bold]scorer[/bold] or [bold]scorer+selection[/bold] (default selection: per_head), "
+                  + escape("each with optional [key=value,...], e.g. expected_attention+adakv, "
+                           "snapkv[window_size=32]+chunk[chunk_length=256]."))
+
+
+@app.command()
+def run(
+    tasks: Annotated[Path, typer.Option("--tasks", "-t", help="Task file (JSONL, kvroute format).")],
+    press: Annotated[list[str], typer.Option("--press", "-p", help="Press, e.g. snapkv or expected_attention+adakv; repeat for several.")],
+    ratio: Annotated[list[float], typer.Option("--ratio", "-r", help="Compression ratio in [0, 1); repeat for several.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write one JSON record per (instance, press, ratio).")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
+    question_aware: Annotated[bool, typer.Option("--question-aware", help="Compress the question with the context.")] = False,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 24,
+    limit: Annotated[int | None, typer.Option(help="Only the first N instances.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for random scorers.")] = 0,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32, bfloat16, … (default: auto).")] = None,
+) -> None:
+    """Compress every instance's cache with each press at each ratio and record answers and routing metrics."""
+    import json
+
+    from kvroute.engine import Cell, Engine
+    from kvroute.runner import RunSettings, run_instance
+    from kvroute.tasks import load_tasks
+
+    instances = load_tasks(tasks)[:limit]
+    settings = RunSettings(max_new_tokens=max_new_tokens)
+    cells = [Cell(p, r) for p in press for r in ratio]
+    regime = "aware" if question_aware else "agnostic"
+    lm = load_model_cli(model, device, dtype)
+    engine = Engine(lm, settings.decode_settings())
+    engine.validate(cells)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with out.open("w") as f, RichProgress().task(f"{len(instances)} instances × {len(cells)} cells", len(instances)) as bar:
+        for inst in instances:
+            for rec in run_instance(engine, inst, cells, regime=regime, seed=seed, settings=settings, model_name=model):
+                f.write(json.dumps(_compact({"id": inst.id, **rec}), ensure_ascii=False) + "\n")
+                n += 1
+            bar.advance()
+    console.print(f"wrote {n} records to {out}")
+
+
+def load_model_cli(model: str, device: str | None, dtype: str | None):  # noqa: ANN201
+    from kvroute.models import load_model
+
+    return load_model(model, device=device, dtype=dtype, progress=RichProgress())
+
+
+def _compact(rec: dict) -> dict:
+    """Round floats (and float vectors) so JSONL records stay small and readable."""
+    def r(v):  # noqa: ANN001, ANN202
+        if isinstance(v, float):
+            return round(v, 6)
+        if isinstance(v, list):
+            return [r(x) for x in v]
+        return v
+    return {k: r(v) for k, v in rec.items()}
+
+
 def main() -> None:
     try:
         app()

@@ -128,8 +128,11 @@ class Engine:
             else:
                 masks.append(self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio))
         t2 = time.perf_counter()
-        outs = decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, [full, *masks], gold_ids=gold_ids,
-                            track=track, settings=self.settings)
+        # cells whose mask keeps everything (ratio 0, "none") share the full-cache decode
+        todo = [i for i in range(len(cells)) if i in cell_key]
+        outs = decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, [full] + [masks[i] for i in todo],
+                            gold_ids=gold_ids, track=track, settings=self.settings)
+        by_cell = dict(zip(todo, outs[1:], strict=True))
         t3 = time.perf_counter()
-        return EngineResult(pre, cells, masks, outs[1:], outs[0], full,
+        return EngineResult(pre, cells, masks, [by_cell.get(i, outs[0]) for i in range(len(cells))], outs[0], full,
                             {"prefill": t1 - t0, "select": t2 - t1, "decode": t3 - t2})

@@ -1,0 +1,131 @@
+"""Accessibility: can attention still reach the evidence?
+
+- evidence (answer) attention mass: attention from the last prompt token onto T_ev (T_ans), per
+  layer and query head, compressed and full cache; also from each generated token;
+- direct reachability: some (layer, query head) gives a *kept* evidence token attention above ε;
+- routed reachability: the same through any kept token that carries evidence content, where a
+  token's evidence content at layer ℓ is its share under attention rollout over the prefill
+  (Abnar & Zuidema, with the residual: r⁽ℓ⁺¹⁾ = ½ r⁽ℓ⁾ + ½ Ā⁽ℓ⁾ r⁽ℓ⁾, Ā the head-averaged causal
+  attention, r⁽⁰⁾ = 1 on evidence tokens). This catches answers that survive through information
+  the prefill already copied into other tokens ("leakage") when the evidence itself is evicted.
+
+ε is relative: ``κ / n_visible`` (n_visible = keys the head can see: kept context + suffix), i.e.
+κ times what uniform attention would give; κ = 5 by default. A kept token carries evidence when its
+rollout share is at least τ (default ½) times the largest share among the evidence tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
+
+from kvroute.metrics.base import CellContext, Metric, register
+
+
+class EvidenceRollout:
+    """Prefill capture: evidence share ``r[ℓ, t]`` of every context token's input to layer ℓ.
+
+    Memory is linear in T: the head-averaged attention is applied to the vector r chunk by chunk of
+    query rows, never materialising the T×T map.
+    """
+
+    def __init__(self, evidence: list[int], num_tokens: int, row_chunk: int = 512) -> None:
+        self.r = torch.zeros(num_tokens)
+        if evidence:
+            self.r[evidence] = 1.0
+        self.rows: list[torch.Tensor] = []
+        self.row_chunk = row_chunk
+
+    def on_layer(self, layer_idx: int, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
+                 values: torch.Tensor, kwargs: dict[str, Any]) -> None:
+        r = self.r.to(keys.device)
+        self.rows.append(r.cpu().clone())  # share in the input of layer `layer_idx`
+        B, T, _ = hidden_states.shape
+        D = module.head_dim
+        q = module.q_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)  # [1, H, T, D]
+        if hasattr(module, "q_norm"):
+            q = module.q_norm(q)
+        cos, sin = kwargs["position_embeddings"]
+        q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+        k = repeat_kv(keys, q.shape[1] // keys.shape[1])[0].float()  # [H, T, D]
+        mixed = torch.empty(T, device=keys.device)
+        for i in range(0, T, self.row_chunk):
+            qi = q[0, :, i : i + self.row_chunk].float()  # [H, c, D]
+            w = torch.matmul(qi, k.transpose(1, 2)) * module.scaling  # [H, c, T]
+            rows = torch.arange(i, i + qi.shape[1], device=w.device)
+            w = w.masked_fill(torch.arange(T, device=w.device)[None, :] > rows[:, None], float("-inf"))
+            a = torch.softmax(w, dim=-1).mean(0)  # [c, T] head-averaged
+            mixed[i : i + qi.shape[1]] = a @ r
+        self.r = (0.5 * r + 0.5 * mixed).cpu()
+
+    def shares(self) -> torch.Tensor:
+        """``[L, T]``: evidence share of each token's input to each layer."""
+        return torch.stack(self.rows)
+
+
+def visible_threshold(ctx: CellContext) -> torch.Tensor:
+    """ε per (layer, query head) ``[L, H]``: κ / (kept context entries of the head's KV head + suffix keys)."""
+    kept = ctx.mask.kept_per_head.repeat_interleave(ctx.group_size, dim=1)  # [L, H]
+    suffix = ctx.output.last_attention.shape[-1] - ctx.T  # question tokens visible to the last prompt token
+    return ctx.settings.reach_kappa / (kept + suffix).clamp(min=1).float()
+
+
+def mass(attn_row: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """``[L, H]`` attention mass onto ``positions`` from rows ``[L, H, K]``."""
+    if not positions:
+        return torch.zeros(attn_row.shape[:2])
+    return attn_row[..., positions].sum(-1)
+
+
+@register
+class Accessibility(Metric):
+    name = "accessibility"
+    needs = frozenset({"attention"})
+    fields = ("evidence_attention_mass", "evidence_attention_mass_full", "answer_attention_mass",
+              "answer_attention_mass_full", "evidence_mass_layer", "evidence_mass_layer_full", "reachable",
+              "generated_evidence_mass")
+
+    def compute(self, ctx: CellContext) -> dict[str, Any]:
+        ev = ctx.context_positions(ctx.prompt.evidence_positions)
+        ans = ctx.context_positions(ctx.prompt.answer_positions)
+        a, f = ctx.output.last_attention, ctx.full.last_attention  # [L, H, T+Q]
+        if not ev:
+            return {k: None for k in self.fields}
+        m_ev, f_ev = mass(a, ev), mass(f, ev)  # [L, H]
+        eps = visible_threshold(ctx)  # [L, H]
+        reach = bool((a[..., ev].max(-1).values > eps.to(a.device)).any())
+        gen = ctx.output.generated_mass.get("evidence")
+        return {
+            "evidence_attention_mass": float(m_ev.mean()),
+            "evidence_attention_mass_full": float(f_ev.mean()),
+            "answer_attention_mass": float(mass(a, ans).mean()) if ans else None,
+            "answer_attention_mass_full": float(mass(f, ans).mean()) if ans else None,
+            "evidence_mass_layer": m_ev.mean(1).tolist(),
+            "evidence_mass_layer_full": f_ev.mean(1).tolist(),
+            "reachable": reach,
+            "generated_evidence_mass": float(gen.mean()) if gen is not None and gen.numel() else None,
+        }
+
+
+@register
+class RoutedReachability(Metric):
+    name = "routes"
+    needs = frozenset({"attention", "routes"})
+    fields = ("routed_reachable", "routed_evidence_mass")
+
+    def compute(self, ctx: CellContext) -> dict[str, Any]:
+        ev = ctx.context_positions(ctx.prompt.evidence_positions)
+        if not ev or ctx.evidence_share is None:
+            return {"routed_reachable": None, "routed_evidence_mass": None}
+        T = ctx.T
+        share = ctx.evidence_share  # [L, T]
+        best = share[:, ev].max(dim=1, keepdim=True).values.clamp(min=1e-12)  # [L, 1]
+        carries = share >= ctx.settings.route_tau * best  # [L, T]
+        a = ctx.output.last_attention[..., :T]  # [L, H, T]; evicted entries have exactly 0
+        eps = visible_threshold(ctx)  # [L, H]
+        hit = (a > eps[..., None]) & carries[:, None, :]  # [L, H, T]
+        routed = (a * share[:, None, :]).sum(-1)  # [L, H]: evidence content read through all kept entries
+        return {"routed_reachable": bool(hit.any()), "routed_evidence_mass": float(routed.mean())}

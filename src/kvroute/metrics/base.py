@@ -1,0 +1,66 @@
+"""Metrics: functions of one cell (its KeepMask, its decode, the full-cache reference) → record fields.
+
+Each metric lives in its own file and registers itself by name in :data:`METRICS`; the name is
+what a sweep config lists under ``metrics``. A metric declares the record fields it fills (see
+kvroute/records.py) and what it needs captured, so unrequested captures are never computed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from kvroute.registry import Registry
+
+
+@dataclass(frozen=True)
+class MetricSettings:
+    """Operational choices of the metric definitions (documented in the README)."""
+
+    reach_kappa: float = 5.0  # ε = κ / (number of keys visible to the head): κ× uniform attention
+    route_tau: float = 0.5  # a kept token carries evidence if its rollout share ≥ τ · the best evidence token's
+    n_sink: int = 4  # positions ignored by the *_nosink consensus variants
+    partial_f1: float = 0.0  # F1 above this (but not correct) counts as partial
+    probe_layer: float = 2 / 3  # depth (fraction of L) whose last-prompt-token state feeds the probe
+
+
+@dataclass
+class CellContext:
+    """Everything a metric may read about one cell. Positions index the prompt's input_ids."""
+
+    instance: Any  # kvroute.tasks.TaskInstance
+    prompt: Any  # kvroute.tasks.prompt.Prompt
+    mask: Any  # KeepMask [L, Hkv, T]
+    output: Any  # CellOutput of this cell
+    full: Any  # CellOutput of the uncompressed cache
+    group_size: int  # G: query heads per KV head
+    settings: MetricSettings
+    evidence_share: torch.Tensor | None = None  # [L, T] rollout evidence share per layer (routes capture)
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def T(self) -> int:
+        return self.prompt.n_context
+
+    def context_positions(self, positions: list[int]) -> list[int]:
+        return [p for p in positions if 0 <= p < self.T]
+
+
+class Metric(ABC):
+    name: ClassVar[str]
+    fields: ClassVar[tuple[str, ...]]
+    needs: ClassVar[frozenset[str]] = frozenset()  # captures: "attention", "hidden", "gold", "routes"
+
+    @abstractmethod
+    def compute(self, ctx: CellContext) -> dict[str, Any]: ...
+
+
+METRICS: Registry[Metric] = Registry("metric")
+
+
+def register(cls: type[Metric]) -> type[Metric]:
+    METRICS.register(cls.name, cls())
+    return cls

@@ -1,0 +1,51 @@
+"""`kvroute run` end to end on a tiny model saved as a local folder."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvroute.cli import app
+from kvroute.models import tiny_model
+from kvroute.records import KEY_FIELDS, METRIC_FIELDS
+from kvroute.tasks import TaskSpec, generate_tasks, save_tasks
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-qwen2")
+    lm = tiny_model("qwen2", seed=0)
+    lm.model.save_pretrained(d, safe_serialization=True)
+    lm.tokenizer.save_pretrained(d)
+    return d
+
+
+def test_run_writes_one_record_per_cell_with_the_required_fields(tiny_folder, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    save_tasks(generate_tasks(TaskSpec("base", n=2, seed=0)), tasks)
+    out = tmp_path / "out.jsonl"
+    res = CliRunner().invoke(app, ["run", "--model", str(tiny_folder), "--tasks", str(tasks), "--press", "knorm",
+                                   "--press", "oracle[base=knorm]+adakv", "--ratio", "0.5", "--ratio", "0.9",
+                                   "--max-new-tokens", "4", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 2 * 2 * 2
+    required = {"id", "press", "ratio", "answer", "kept_fraction", "ger", "ger_all_layers", "eviction_rate",
+                "evidence_attention_mass", "reachable", "f1", "exact", "outcome", "gold_logprob_delta",
+                "consensus", "rho", "evidence_mass_layer", "hidden_cosine"}
+    for r in recs:
+        assert required <= set(r), required - set(r)
+        assert set(KEY_FIELDS) - {"settings"} <= set(r)
+        assert len(r["consensus"]) == 3 and len(r["hidden_cosine"]) == 3
+        assert abs(r["kept_fraction"] - (1 - r["ratio"])) < 0.05
+    missing = set(METRIC_FIELDS) - set(recs[0])
+    assert not missing, missing
+
+
+def test_run_rejects_bad_press_before_loading(tiny_folder, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    save_tasks(generate_tasks(TaskSpec("base", n=1, seed=0)), tasks)
+    res = CliRunner().invoke(app, ["run", "--model", str(tiny_folder), "--tasks", str(tasks), "--press", "snapvk",
+                                   "--ratio", "0.5", "--out", str(tmp_path / "o.jsonl")])
+    assert res.exit_code != 0
+    assert "did you mean 'snapkv'" in str(res.exception) + res.output

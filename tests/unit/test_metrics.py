@@ -1,0 +1,154 @@
+"""Metrics on hand-built masks and attention tensors whose values are known in advance."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from kvroute.metrics.accessibility import Accessibility, EvidenceRollout, RoutedReachability
+from kvroute.metrics.base import CellContext, MetricSettings
+from kvroute.metrics.consensus import consensus_and_rho
+from kvroute.metrics.hallucination import classify
+from kvroute.metrics.representation import hidden_cosine
+from kvroute.metrics.retention import eviction_rate, ger, ger_all_layers, ger_per_layer
+from kvroute.presses import KeepMask
+
+
+def test_ger_one_head_of_four_keeps_the_token():
+    mask = torch.zeros(2, 4, 10, dtype=torch.bool)
+    mask[0, 2, 5] = True  # layer 0: token 5 kept by KV head 2 only; layer 1: evicted everywhere
+    assert ger_per_layer(mask, [5]) == [0.0, 1.0]
+    assert ger(mask, [5]) == 0.5
+    assert ger_all_layers(mask, [5]) == 0.0  # survives somewhere
+    mask[0, 2, 5] = False
+    assert ger(mask, [5]) == 1.0 and ger_all_layers(mask, [5]) == 1.0
+    assert ger(mask, []) is None
+
+
+def test_eviction_rate():
+    mask = torch.ones(3, 2, 4, dtype=torch.bool)
+    mask[:, :, 0] = False  # token 0 gone from every head of every layer
+    mask[1, 0, 1] = False  # token 1 gone from one head only: not evicted
+    assert eviction_rate(mask) == pytest.approx(1 / 4)
+
+
+def test_consensus_all_heads_on_one_token():
+    a = torch.full((1, 6, 8), 0.01)
+    a[0, :, 3] = 0.9  # every head's argmax is token 3
+    cons, rho = consensus_and_rho(a)
+    assert cons == [pytest.approx(1 / 6)] and rho == [1.0]
+
+
+def test_consensus_all_heads_distinct_and_sink_handling():
+    a = torch.full((1, 4, 10), 0.01)
+    for h in range(4):
+        a[0, h, 0] = 0.5  # a sink everyone attends most
+        a[0, h, 4 + h] = 0.3  # then each head its own token
+    cons, rho = consensus_and_rho(a)
+    assert cons == [0.25] and rho == [1.0]
+    cons_ns, rho_ns = consensus_and_rho(a, skip=4)
+    assert cons_ns == [1.0] and rho_ns == [0.25]
+
+
+def test_hidden_cosine_skips_embeddings():
+    h = torch.randn(4, 8)
+    f = h.clone()
+    f[2] = -f[2]
+    assert hidden_cosine(h, f) == pytest.approx([1.0, -1.0, 1.0])
+
+
+@pytest.mark.parametrize("answer,golds,distractors,unans,expected", [
+    ("Velkirra", ["Velkirra"], ["Dunmarrow"], False, "correct"),
+    ("She was born in Velkirra.", ["Velkirra"], ["Dunmarrow"], False, "correct"),
+    ("I don't know.", ["Velkirra"], [], False, "abstained"),
+    ("The text does not say.", ["Velkirra"], [], False, "abstained"),
+    ("Dunmarrow", ["Velkirra"], ["Dunmarrow", "Quarrystead"], False, "distractor"),
+    ("She was born in Quarrystead.", ["Velkirra"], ["Dunmarrow", "Quarrystead"], False, "distractor"),
+    ("Zabriskville", ["Velkirra"], ["Dunmarrow"], False, "fabricated"),
+    ("12 March 1962", ["12 March 1961"], [], False, "partial"),
+    ("I don't know", ["I don't know"], ["Tobin Hale"], True, "correct"),
+    ("It cannot be determined from the text", ["I don't know"], [], True, "correct"),
+    ("Tobin Hale", ["I don't know"], ["Tobin Hale", "Maren"], True, "distractor"),
+    ("Bartholomew", ["I don't know"], ["Tobin Hale"], True, "fabricated"),
+    ("", ["Velkirra"], [], False, "fabricated"),
+])
+def test_taxonomy_table(answer, golds, distractors, unans, expected):
+    assert classify(answer, golds, distractors, unanswerable=unans) == expected
+
+
+@dataclass
+class _Prompt:
+    n_context: int
+    evidence_positions: list[int]
+    answer_positions: list[int]
+
+
+@dataclass
+class _Out:
+    last_attention: torch.Tensor
+    generated_mass: dict = field(default_factory=dict)
+    tokens: list = field(default_factory=list)
+
+
+def _ctx(mask, attn, full_attn, share=None, kappa=2.0):
+    T = mask.shape[-1]
+    return CellContext(instance=None, prompt=_Prompt(T, [2, 3], [3]), mask=KeepMask(mask), output=_Out(attn),
+                       full=_Out(full_attn), group_size=2, settings=MetricSettings(reach_kappa=kappa),
+                       evidence_share=share)
+
+
+def test_evidence_mass_and_direct_reachability():
+    L, Hkv, H, T, Q = 1, 1, 2, 6, 2
+    mask = torch.ones(L, Hkv, T, dtype=torch.bool)
+    full = torch.zeros(L, H, T + Q)
+    full[..., 3] = 0.6
+    full[..., 7] = 0.4
+    attn = full.clone()
+    out = Accessibility().compute(_ctx(mask, attn, full))
+    assert out["evidence_attention_mass"] == pytest.approx(0.6)
+    assert out["answer_attention_mass"] == pytest.approx(0.6)
+    assert out["reachable"] is True  # 0.6 > κ / (6 + 2) = 0.25
+    mask[:, :, 2:4] = False  # evidence evicted: the engine's rows give it exactly zero
+    attn = torch.zeros(L, H, T + Q)
+    attn[..., 0] = 1.0
+    out = Accessibility().compute(_ctx(mask, attn, full))
+    assert out["evidence_attention_mass"] == 0.0 and out["evidence_attention_mass_full"] == pytest.approx(0.6)
+    assert out["reachable"] is False
+
+
+def test_routed_reachability_through_a_token_that_copied_the_evidence():
+    L, Hkv, H, T, Q = 1, 1, 2, 6, 2
+    mask = torch.ones(L, Hkv, T, dtype=torch.bool)
+    mask[:, :, 2:4] = False  # evidence evicted everywhere: GER = 1
+    attn = torch.zeros(L, H, T + Q)
+    attn[..., 5] = 0.9  # the query reads token 5 ...
+    attn[..., 6] = 0.1
+    share = torch.zeros(L, T)
+    share[0, 2:4] = 1.0
+    full = attn.clone()
+    assert RoutedReachability().compute(_ctx(mask, attn, full, share))["routed_reachable"] is False
+    share[0, 5] = 0.8  # ... which carries evidence content copied during the prefill
+    out = RoutedReachability().compute(_ctx(mask, attn, full, share))
+    assert out["routed_reachable"] is True
+    assert out["routed_evidence_mass"] == pytest.approx(0.9 * 0.8)
+
+
+def test_rollout_on_a_hand_built_attention_layer():
+    """One layer whose every query attends token 0 only: r¹ = ½ r⁰ + ½ r⁰[0]."""
+
+    class Attn(torch.nn.Module):
+        head_dim = 2
+        scaling = 1.0
+
+        def q_proj(self, x):
+            return torch.zeros(x.shape[0], x.shape[1], 2)  # zero queries...
+
+    T = 4
+    keys = torch.zeros(1, 1, T, 2)
+    cos, sin = torch.ones(1, T, 2), torch.zeros(1, T, 2)
+    roll = EvidenceRollout([0], T)
+    roll.on_layer(0, Attn(), torch.zeros(1, T, 2), keys, keys, {"position_embeddings": (cos, sin)})
+    # zero queries -> uniform causal attention: row i averages r over 0..i
+    expected = 0.5 * torch.tensor([1.0, 0, 0, 0]) + 0.5 * torch.tensor([1.0, 1 / 2, 1 / 3, 1 / 4])
+    torch.testing.assert_close(roll.r, expected)
+    assert roll.shares().shape == (1, T)
