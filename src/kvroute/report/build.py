@@ -69,7 +69,7 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
     body = [
         h.section("run", "Run", h.paragraph(
             f"{s['n_records']} cell records over {s['n_instances']} instances; models: {', '.join(s['models'])}; "
-            f"presses: {', '.join(s['presses'])}; regimes: {', '.join(s['regimes'])}; families: {', '.join(s['families'])}; "
+            f"presses: {', '.join(s['presses'])} ('none' = the uncompressed baseline); regimes: {', '.join(s['regimes'])}; families: {', '.join(s['families'])}; "
             f"ratios: {', '.join(f'{r:g}' for r in s['ratios'])}."), h.manifest_table(manifest)),
         h.section("headline", "Headline numbers", h.paragraph(
             "Families pooled, per model, press and regime. α* is the fitted sigmoid midpoint with its 95% bootstrap "
@@ -210,5 +210,5 @@ def _examples(df: pd.DataFrame, per_ratio: int, seed: int) -> str:
         picks.append(g.iloc[np.sort(idx)])
     ex = pd.concat(picks)
     cols = [("ratio", "α"), ("model", "model"), ("press", "press"), ("instance_id", "instance"),
-            ("outcome", "outcome"), ("f1", "F1"), ("answer", "answer")]
-    return h.table(ex, [c for c in cols if c[0] in ex.columns], text_columns=["answer"])
+            ("outcome", "outcome"), ("f1", "F1"), ("gold", "gold"), ("answer", "answer")]
+    return h.table(ex, [c for c in cols if c[0] in ex.columns], text_columns=["gold", "answer"])
