@@ -123,3 +123,11 @@ def test_context_length_is_empty_without_the_family():
     df = _records(lambda i, r: r > 0.8, context_tokens=300, family="base")
     by_len, verdicts = cliff_vs_length(df, n_boot=50)
     assert by_len.empty and verdicts.empty
+
+
+def test_flat_curves_have_no_steepest_rise_and_float_noise_in_ratios_is_ignored():
+    df = _records(lambda i, r: False)
+    df.loc[df.ratio == 0.7, "ratio"] = 0.7000000000000001  # as a CLI float may arrive
+    curves, cliffs = cliff_tables(df, n_boot=50)
+    assert len(curves) == len(GRID)
+    assert cliffs.iloc[0].alpha_chi_max is None and cliffs.iloc[0].status == "no_cliff"

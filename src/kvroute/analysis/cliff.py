@@ -161,7 +161,7 @@ def _fit_row(res: CurveResult, confidence: float) -> dict[str, object]:
 
 
 def _chi_row(ratios: np.ndarray, chi: np.ndarray) -> dict[str, object]:
-    if not np.isfinite(chi).any():
+    if not np.isfinite(chi).any() or np.nanmax(chi) <= 0:  # a flat or falling curve has no steepest rise
         return {"alpha_chi_max": None, "chi_max": None, "chi_interval": None}
     j = int(np.nanargmax(chi))
     return {"alpha_chi_max": float((ratios[j - 1] + ratios[j]) / 2), "chi_max": float(chi[j]),

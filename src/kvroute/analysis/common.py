@@ -47,7 +47,7 @@ def has_columns(df: pd.DataFrame, columns: Iterable[str]) -> bool:
 def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
     """A copy with missing grouping columns filled, so partial records still analyse.
 
-    ``regime``/``family`` default to ``"all"``, ``seed`` to 0; ``ratio`` becomes float.
+    ``regime``/``family`` default to ``"all"``, ``seed`` to 0; ``ratio`` becomes float, rounded to 6 decimals.
     """
     require_columns(df, ("model", "instance_id", "press", "ratio"), "the analysis")
     out = df.copy()
@@ -56,7 +56,8 @@ def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
             out[col] = default
         else:
             out[col] = out[col].fillna(default)
-    out["ratio"] = out["ratio"].astype(float)
+    # 0.7000000000000001 and 0.7 are the same ratio (CLI floats, JSON round trips)
+    out["ratio"] = out["ratio"].astype(float).round(6)
     for col in ("model", "press", "regime", "family", "instance_id"):
         out[col] = out[col].astype(str)
     return out

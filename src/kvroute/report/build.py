@@ -66,10 +66,11 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
     def why(*sections: str) -> str:
         return "; ".join(notes[x] for x in sections if x in notes) or "no data for this figure"
 
+    baseline_note = " ('none' = the uncompressed baseline)" if "none" in s["presses"] else ""
     body = [
         h.section("run", "Run", h.paragraph(
             f"{s['n_records']} cell records over {s['n_instances']} instances; models: {', '.join(s['models'])}; "
-            f"presses: {', '.join(s['presses'])} ('none' = the uncompressed baseline); regimes: {', '.join(s['regimes'])}; families: {', '.join(s['families'])}; "
+            f"presses: {', '.join(s['presses'])}{baseline_note}; regimes: {', '.join(s['regimes'])}; families: {', '.join(s['families'])}; "
             f"ratios: {', '.join(f'{r:g}' for r in s['ratios'])}."), h.manifest_table(manifest)),
         h.section("headline", "Headline numbers", h.paragraph(
             "Families pooled, per model, press and regime. α* is the fitted sigmoid midpoint with its 95% bootstrap "

@@ -24,7 +24,8 @@ def panels(n: int, *, ncols: int | None = None, width: float = 4.6, height: floa
     n = max(1, n)
     ncols = ncols or (2 if n == 4 else min(n, 3))
     nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained", dpi=100)
+    # at least 9 in wide so a one-panel figure still has room for its title
+    fig = Figure(figsize=(max(width * ncols, 9.0), height * nrows), layout="constrained", dpi=100)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharey=sharey).ravel().tolist()
     for ax in axes[n:]:
         fig.delaxes(ax)
