@@ -27,21 +27,21 @@ def correlate(x: Sequence[float], y: Sequence[float]) -> dict[str, object]:
     """Pearson and Spearman r (with p-values) of paired finite values; None and a reason when undefined."""
     from scipy import stats
 
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    out: dict[str, object] = {"n_points": int(len(x)), "pearson_r": None, "pearson_p": None,
+    xa, ya = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(xa) & np.isfinite(ya)
+    xs, ys = xa[ok], ya[ok]
+    out: dict[str, object] = {"n_points": int(len(xs)), "pearson_r": None, "pearson_p": None,
                               "spearman_r": None, "spearman_p": None, "note": ""}
-    if len(x) < 3:
-        out["note"] = f"need at least 3 ratios with both values, got {len(x)}"
+    if len(xs) < 3:
+        out["note"] = f"need at least 3 ratios with both values, got {len(xs)}"
         return out
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
+    if np.ptp(xs) == 0 or np.ptp(ys) == 0:
         out["note"] = "one of the series is constant; r is undefined"
         return out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pr, pp = stats.pearsonr(x, y)
-        sr, sp = stats.spearmanr(x, y)
+        pr, pp = stats.pearsonr(xs, ys)
+        sr, sp = stats.spearmanr(xs, ys)
     out.update(pearson_r=float(pr), pearson_p=float(pp), spearman_r=float(sr), spearman_p=float(sp))
     return out
 

@@ -15,7 +15,8 @@ import pandas as pd
 from kvroute.analysis.common import PRESS_KEYS, AnalysisError, as_key, attach_baseline, has_columns, stack_vectors
 
 
-def linear_probe_macro_f1(X: np.ndarray, y: Sequence[object], *, folds: int = 5, seed: int = 0) -> tuple[float, float]:
+def linear_probe_macro_f1(X: np.ndarray, y: Sequence[object] | np.ndarray, *, folds: int = 5,
+                          seed: int = 0) -> tuple[float, float]:
     """Mean and standard deviation over folds of the macro-F1 of a logistic-regression probe.
 
     ``X`` is ``[n, d]``; ``y`` holds n class labels. Raises :class:`AnalysisError` when there are
@@ -28,8 +29,8 @@ def linear_probe_macro_f1(X: np.ndarray, y: Sequence[object], *, folds: int = 5,
     from sklearn.preprocessing import StandardScaler
     from threadpoolctl import threadpool_limits
 
-    X = np.asarray(X, dtype=float)
-    y = np.asarray(y)
+    X = np.asarray(X, dtype=float)  # [n, d]
+    y = np.asarray(y)  # [n]
     if X.ndim != 2:
         raise AnalysisError(f"probe features must be a 2-D array [n, d], got shape {X.shape}")
     if len(X) != len(y):

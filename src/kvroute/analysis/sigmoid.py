@@ -29,7 +29,8 @@ K_RANGE = (3.0, 500.0)  # steepness, per unit of ratio
 MID_STEP = 0.0025
 
 
-def sigmoid(x: np.ndarray, lo: float, amp: float, k: float, mid: float) -> np.ndarray:
+def sigmoid(x: np.ndarray, lo: float | np.ndarray, amp: float | np.ndarray, k: float | np.ndarray,
+            mid: float | np.ndarray) -> np.ndarray:
     """``lo + amp / (1 + exp(−k (x − mid)))`` (``amp = hi − lo``), overflow-safe."""
     z = np.clip(-k * (np.asarray(x, float) - mid), -500, 500)
     return lo + amp / (1.0 + np.exp(z))

@@ -7,6 +7,7 @@ section runs only when the records carry the columns it needs; a skipped section
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -91,7 +92,7 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
             notes[name] = f"skipped: {e}"
             log.warning("analysis section %s skipped: %s", name, e)
 
-    boot = dict(n_boot=cfg.n_boot, confidence=cfg.confidence, seed=cfg.seed)
+    boot: dict[str, Any] = dict(n_boot=cfg.n_boot, confidence=cfg.confidence, seed=cfg.seed)
     section("cliff", ["hallucinated"], lambda: dict(zip(
         ("cliff_curves", "cliffs"),
         cliff_tables(df, delta=cfg.delta, min_amplitude=cfg.min_amplitude, **boot), strict=True)))
@@ -114,9 +115,9 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
         "rigidity": rigidity_comparison(df, f1_threshold=cfg.f1_threshold, ger_threshold=cfg.ger_threshold)})
     section("routing", [], lambda: {"routing": routing_curves(df)})
     for by in ("answer_type", "question_type"):
-        section(f"by_{by}", [by], lambda by=by: {f"by_{by}": breakdown(df, by)})
+        section(f"by_{by}", [by], functools.partial(lambda b: {f"by_{b}": breakdown(df, b)}, by))
     for col in ("consensus", "rho", "consensus_nosink"):
-        section(f"{col}_profiles", [col], lambda col=col: {f"{col}_profiles": layer_profiles(df, col)})
+        section(f"{col}_profiles", [col], functools.partial(lambda c: {f"{c}_profiles": layer_profiles(df, c)}, col))
     section("probe", ["probe_features", "answer_type"],
             lambda: {"probe": probe_by_ratio(df, folds=cfg.probe_folds, seed=cfg.seed)})
 
