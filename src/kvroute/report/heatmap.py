@@ -93,3 +93,9 @@ def survival_figure(example: SurvivalExample) -> Figure:
     sub = f" — GER on the answer tokens = {ger:.2f}" if ger is not None else ""
     fig.suptitle(plain_label(f"Evidence-token survival {example.title}".strip() + sub), fontsize=10)
     return fig
+
+
+def survival_heatmap(keep: np.ndarray, evidence: Sequence[int], *, tokens: Sequence[str] | None = None,
+                     answer: Sequence[int] = (), title: str = "") -> Figure:
+    """:func:`survival_figure` straight from arrays: ``keep`` bool ``[L, Hkv, T]`` and evidence positions."""
+    return survival_figure(SurvivalExample(keep, evidence, tokens=tokens, answer=answer, title=title))
