@@ -17,12 +17,14 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from kvroute import __version__
 from kvroute.errors import KvrouteError
@@ -226,6 +228,123 @@ def report(
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
 
 
+class _RateColumn(ProgressColumn):
+    """Cells per second (or per minute when slow), for the sweep bar."""
+
+    def render(self, task: object) -> object:
+        from rich.text import Text as _Text
+
+        speed = getattr(task, "speed", None)
+        if not speed:
+            return _Text("-- cells/s", style="progress.data.speed")
+        text = f"{speed:.2f} cells/s" if speed >= 0.1 else f"{speed * 60:.2f} cells/min"
+        return _Text(text, style="progress.data.speed")
+
+
+class _SweepProgress(RichProgress):
+    """The sweep's bar: cells done of total, rate, elapsed and ETA."""
+
+    @contextlib.contextmanager
+    def task(self, description: str, total: float | None = None) -> Iterator[object]:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      _RateColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                      console=self.console, transient=False) as p:
+            tid = p.add_task(description, total=total)
+
+            class _T:
+                def advance(self, n: float = 1) -> None:
+                    p.advance(tid, n)
+
+                def update(self, *, completed: float | None = None, total: float | None = None,
+                           description: str | None = None) -> None:
+                    if completed is not None:  # cells found in the store: a jump, not progress (rate, ETA)
+                        p.reset(tid, completed=completed, total=total, description=description)
+                    else:
+                        p.update(tid, total=total, description=description)
+
+            yield _T()
+
+
+def _csv(value: str | None, cast: type = str) -> list | None:
+    if value is None:
+        return None
+    try:
+        return [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise KvrouteError(f"cannot read {value!r} as a comma-separated list of {cast.__name__} values") from None
+
+
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="Sweep config (.toml, .yaml or .json); see the README's Sweeps section.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory: store.sqlite, manifest.json, tasks/.")],
+    backend: Annotated[str, typer.Option(help="local (this process) or ray (a Ray cluster, pip install 'kvroute[ray]').")] = "local",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a run in --out: compute only the missing cells.")] = False,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster address (default: ray.init()'s choice).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: --set decoding.max_new_tokens=16 (repeat).")] = None,
+    models: Annotated[str | None, typer.Option("--models", help="Override models: comma-separated names or folders.")] = None,
+    press: Annotated[list[str] | None, typer.Option("--press", "-p", help="Override presses (repeat for several).")] = None,
+    ratios: Annotated[str | None, typer.Option("--ratios", help="Override ratios, e.g. 0,0.5,0.9.")] = None,
+    regimes: Annotated[str | None, typer.Option("--regimes", help="Override regimes: agnostic,aware.")] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="Override seeds, e.g. 0,1,2.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Override decoding.max_new_tokens.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and show the grid; load no model, write nothing.")] = False,
+) -> None:
+    """Run a sweep config's grid of cells into a crash-safe, resumable store, with a progress bar and a summary."""
+    import json
+
+    from kvroute.sweep import load_sweep_config, plan_sweep, run_sweep
+
+    overrides = list(set_ or [])
+    for key, values in (("models", _csv(models)), ("presses", press), ("ratios", _csv(ratios, float)),
+                        ("regimes", _csv(regimes)), ("seeds", _csv(seeds, int))):
+        if values:
+            overrides.append(f"{key}={json.dumps(values)}")
+    if max_new_tokens is not None:
+        overrides.append(f"decoding.max_new_tokens={max_new_tokens}")
+    cfg = load_sweep_config(config, overrides)
+    if dry_run:
+        d = plan_sweep(cfg).describe()
+        console.print(f"[green]valid[/green] {config}: {d['cells']} cells = {d['units']} units (prefills) × "
+                      f"{d['cells_per_unit']} cells; models {', '.join(d['models'])}; instances per model "
+                      f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}")
+        return
+    res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address, progress=_SweepProgress())
+    console.print(f"[green]done[/green] {res.computed} cells computed, {res.already_done} already in the store "
+                  f"({res.total_cells} in the grid) in {res.seconds:.1f} s → {out}")
+    _summary_table(res.summary)
+
+
+def _summary_table(rows: list[dict]) -> None:
+    if not rows:
+        return
+    regimes = len({r["regime"] for r in rows}) > 1
+    t = Table(title="summary (means over instances)")
+    for col in ("model", *(["regime"] if regimes else []), "press", "ratio", "n", "F1", "halluc. rate", "GER"):
+        t.add_column(col, justify="left" if col in ("model", "regime", "press") else "right")
+
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    for r in rows:
+        t.add_row(str(r["model"]), *([str(r["regime"])] if regimes else []), str(r["press"]), f"{r['ratio']:g}",
+                  str(r["n"]), f(r["f1"]), f(r["hallucination_rate"]), f(r["ger"]))
+    console.print(t)
+
+
+@app.command("export")
+def export(
+    run: Annotated[Path, typer.Argument(help="Run directory a sweep wrote (holds store.sqlite).")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="parquet or csv.")] = "parquet",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output file (default: RUN_DIR/records.FORMAT).")] = None,
+) -> None:
+    """Export a run store's records to one Parquet or CSV file (lists as list columns / JSON text)."""
+    from kvroute.sweep.export import export_records
+
+    path, n = export_records(run, fmt, out)
+    console.print(f"[green]wrote[/green] {n} records to {path}")
+
+
 presses_app = typer.Typer(help="Scorers and selection strategies (a press is scorer or scorer+selection).",
                           no_args_is_help=True)
 app.add_typer(presses_app, name="presses")
@@ -303,6 +422,67 @@ def run(
     console.print(f"wrote {n} records to {out}")
 
 
+@app.command()
+def ticket(
+    tasks: Annotated[Path, typer.Option("--tasks", "-t", help="Task file (JSONL, kvroute format).")],
+    instance: Annotated[list[str], typer.Option("--instance", "-i", help="Instance id (repeat for several; default: the first).")] = [],  # noqa: B006
+    model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
+    target: Annotated[str, typer.Option(help="gold: the answer must stay correct; full: the full cache's exact answer.")] = "gold",
+    question_aware: Annotated[bool, typer.Option("--question-aware", help="Compress the question with the context.")] = False,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 16,
+    max_evaluations: Annotated[int, typer.Option(help="Budget of decoded candidate masks per instance.")] = 400,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory: appends tickets.jsonl, writes masks and heatmaps.")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
+) -> None:
+    """Search a token-route lottery ticket: a small set of kept KV entries that still yields the answer."""
+    import json
+
+    import numpy as np
+
+    from kvroute.tasks import load_tasks
+    from kvroute.tickets import TicketSettings, find_ticket
+
+    settings = TicketSettings(target=target, max_new_tokens=max_new_tokens, max_evaluations=max_evaluations)
+    all_tasks = load_tasks(tasks)
+    by_id = {t.id: t for t in all_tasks}
+    chosen = []
+    for i in instance or [all_tasks[0].id]:
+        if i not in by_id:
+            from kvroute.errors import UnknownNameError
+
+            raise UnknownNameError("instance id", i, list(by_id)[:20], f"({len(by_id)} instances in {tasks})")
+        chosen.append(by_id[i])
+    lm = load_model_cli(model, device, "float32")
+    t = Table(title=f"token-route lottery tickets ({lm.name}, target {target})")
+    for col in ("instance", "entries kept", "share of cache", "tokens kept", "evidence tokens in ticket",
+                "heads per evidence token", "answer", "decodes"):
+        t.add_column(col)
+    for inst in chosen:
+        tk = find_ticket(lm, inst, regime="aware" if question_aware else "agnostic", settings=settings,
+                         progress=RichProgress())
+        s = tk.summary()
+        hp = s["evidence_heads_per_token"]
+        t.add_row(inst.id, f"{s['entries']:,}/{s['total_entries']:,}", f"{100 * s['fraction']:.2f}%",
+                  f"{s['tokens_kept']}/{s['context_tokens']}", f"{s['evidence_tokens_in_ticket']}/{s['evidence_tokens']}",
+                  f"mean {np.mean(hp):.1f}, max {max(hp)}" if hp else "-", s["answer"][:40], str(s["evaluations"]))
+        if out is not None:
+            from kvroute.report.heatmap import survival_heatmap
+            from kvroute.report.render import png_bytes
+
+            (out / "tickets").mkdir(parents=True, exist_ok=True)
+            np.savez_compressed(out / "tickets" / f"{inst.id}.npz", keep=np.packbits(tk.mask.mask.cpu().numpy()),
+                                shape=np.array(tk.mask.shape), evidence=np.array(tk.evidence))
+            if tk.evidence:
+                fig = survival_heatmap(tk.mask.mask.cpu().numpy(), tk.evidence, answer=tk.answer_positions,
+                                       title=f"ticket {inst.id} ({100 * s['fraction']:.2f}% of the cache)")
+                (out / "tickets" / f"{inst.id}.png").write_bytes(png_bytes(fig))
+            with (out / "tickets.jsonl").open("a") as f:
+                f.write(json.dumps({"model": model, "target": target, "family": inst.family, **s}) + "\n")
+    console.print(t)
+    if out is not None:
+        console.print(f"tickets written to {out / 'tickets.jsonl'} (masks and heatmaps in {out / 'tickets'})")
+
+
 def load_model_cli(model: str, device: str | None, dtype: str | None):  # noqa: ANN201
     from kvroute.models import load_model
 
@@ -318,6 +498,87 @@ def _compact(rec: dict) -> dict:
             return [r(x) for x in v]
         return v
     return {k: r(v) for k, v in rec.items()}
+
+
+tasks_app = typer.Typer(help="Task families and real datasets: list, generate, show, import, niah, grid.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+
+
+@tasks_app.command("list")
+def tasks_list() -> None:
+    """List the task families: version, levels, answer and question types covered, knobs."""
+    from kvroute.tasks import FAMILIES, get_family
+
+    get_family("base")  # registers the built-in families
+    t = Table(title="task families", show_lines=True)
+    for col in ("name", "v", "levels", "answer types", "question types", "notes"):
+        t.add_column(col, overflow="fold")
+    for name in FAMILIES.names():
+        d = get_family(name).describe()
+        levels = "\n".join(f"{k}: {v}" for k, v in d["levels"].items())
+        notes = [f"max distractors {d['max_distractors']}"] + (["unanswerable items"] if d["unanswerable"] else [])
+        t.add_row(name, str(d["version"]), levels, ", ".join(d["answer_types"]), ", ".join(d["question_types"]),
+                  "; ".join(notes))
+    console.print(t)
+    console.print(f"knobs (kvroute tasks generate --help): {', '.join(get_family('base').describe()['knobs'])}")
+
+
+@tasks_app.command("generate")
+def tasks_generate(
+    families: Annotated[list[str], typer.Argument(help="Family names, or 'all'.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
+    n: Annotated[int, typer.Option("--n", help="Instances per family.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Generator seed (same seed, same bytes).")] = 0,
+    difficulty: Annotated[int, typer.Option("--difficulty", "-d", help="Family level (see `tasks list`).")] = 1,
+    target_tokens: Annotated[int | None, typer.Option(help="Pad contexts with filler to about this many tokens.")] = None,
+    depth: Annotated[float | None, typer.Option(help="Where the facts sit in the filler, 0 (start) … 1 (end).")] = None,
+    distractors: Annotated[int | None, typer.Option(help="Distractor entities/values (default: the level's).")] = None,
+    unanswerable_share: Annotated[float | None, typer.Option(help="Share of unanswerable items (coreference).")] = None,
+    answer_type: Annotated[list[str] | None, typer.Option("--answer-type", help="Only these answer types (repeat).")] = None,
+    question_type: Annotated[list[str] | None, typer.Option("--question-type", help="Only these question types (repeat).")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Model whose tokenizer measures --target-tokens.")] = None,
+) -> None:
+    """Generate task instances of one or more families into a JSONL file."""
+    from kvroute.tasks import FAMILIES, TaskSpec, generate_tasks, get_family, save_tasks
+
+    get_family("base")
+    names = FAMILIES.names() if families == ["all"] else families
+    specs = [TaskSpec(f, n=n, seed=seed, difficulty=difficulty, target_tokens=target_tokens, depth=depth,
+                      distractors=distractors, unanswerable_share=unanswerable_share,
+                      answer_types=tuple(answer_type) if answer_type else None,
+                      question_types=tuple(question_type) if question_type else None) for f in names]
+    tok = None
+    if tokenizer is not None:
+        from kvroute.models import load_tokenizer
+
+        tok = load_tokenizer(tokenizer, progress=RichProgress())
+    t0 = time.perf_counter()
+    instances = [inst for spec in specs for inst in generate_tasks(spec, tok)]
+    save_tasks(instances, out)
+    console.print(f"[green]wrote[/green] {len(instances)} instances ({', '.join(names)}) to {out} "
+                  f"in {time.perf_counter() - t0:.1f} s")
+
+
+@tasks_app.command("show")
+def tasks_show(
+    file: Annotated[Path, typer.Argument(help="Task file (.jsonl or .json).")],
+    n: Annotated[int, typer.Option("--n", help="How many instances to show.")] = 3,
+    skip: Annotated[int, typer.Option(help="Start after this many instances.")] = 0,
+    max_chars: Annotated[int | None, typer.Option(help="Cut long contexts after this many characters.")] = 2000,
+) -> None:
+    """Show instances readably: evidence underlined, answers green, distractors red."""
+    from kvroute.tasks import load_tasks
+    from kvroute.tasks.show import LEGEND, instance_panel
+
+    instances = load_tasks(file)
+    console.print(Text.assemble(f"{file}: {len(instances)} instances   ", LEGEND))
+    for inst in instances[skip:skip + n]:
+        console.print(instance_panel(inst, max_chars=max_chars))
+
+
+from kvroute.cli_import import register as _register_import  # noqa: E402  (tasks import | niah | grid)
+
+_register_import(tasks_app)
 
 
 def main() -> None:

@@ -49,6 +49,8 @@ METRIC_FIELDS: dict[str, str] = {
     "ger_evidence": "GER on evidence tokens T_ev",
     "ger_evidence_all_layers": "ger_all_layers on evidence tokens",
     "eviction_rate": "share of (layer, t) context tokens evicted from every KV head",
+    "evidence_heads": "number of (layer, KV head) pairs keeping at least one evidence token (redundancy k)",
+    "answer_heads": "number of (layer, KV head) pairs keeping at least one answer token",
     "evidence_attention_mass": "attention mass from the last prompt token onto T_ev, mean over layers and query heads",
     "evidence_attention_mass_full": "the same with the full (uncompressed) cache",
     "reachable": "bool: direct reachability (some layer/head keeps an evidence token with attention > ε)",

@@ -10,7 +10,7 @@ from kvroute.metrics.base import CellContext, MetricSettings
 from kvroute.metrics.consensus import consensus_and_rho
 from kvroute.metrics.hallucination import classify
 from kvroute.metrics.representation import hidden_cosine
-from kvroute.metrics.retention import eviction_rate, ger, ger_all_layers, ger_per_layer
+from kvroute.metrics.retention import eviction_rate, ger, ger_all_layers, ger_per_layer, heads_retaining
 from kvroute.presses import KeepMask
 
 
@@ -19,6 +19,7 @@ def test_ger_one_head_of_four_keeps_the_token():
     mask[0, 2, 5] = True  # layer 0: token 5 kept by KV head 2 only; layer 1: evicted everywhere
     assert ger_per_layer(mask, [5]) == [0.0, 1.0]
     assert ger(mask, [5]) == 0.5
+    assert heads_retaining(mask, [5, 6]) == 1
     assert ger_all_layers(mask, [5]) == 0.0  # survives somewhere
     mask[0, 2, 5] = False
     assert ger(mask, [5]) == 1.0 and ger_all_layers(mask, [5]) == 1.0

@@ -35,6 +35,13 @@ def ger_per_layer(mask: torch.Tensor, positions: Sequence[int]) -> list[float] |
     return (~mask[:, :, list(positions)].any(dim=1)).float().mean(dim=1).tolist()
 
 
+def heads_retaining(mask: torch.Tensor, positions: Sequence[int]) -> int | None:
+    """Number of (layer, KV head) pairs that keep at least one of ``positions`` (redundancy k)."""
+    if len(positions) == 0:
+        return None
+    return int(mask[:, :, list(positions)].any(dim=-1).sum())
+
+
 def eviction_rate(mask: torch.Tensor) -> float:
     """Share of (layer, context token) evicted from every KV head of the layer."""
     return float((~mask.any(dim=1)).float().mean())
@@ -44,7 +51,7 @@ def eviction_rate(mask: torch.Tensor) -> float:
 class Retention(Metric):
     name = "retention"
     fields = ("kept_fraction", "eviction_rate", "ger", "ger_all_layers", "ger_evidence", "ger_evidence_all_layers",
-              "ger_layer")
+              "ger_layer", "evidence_heads", "answer_heads")
 
     def compute(self, ctx: CellContext) -> dict[str, Any]:
         m = ctx.mask.mask
@@ -58,4 +65,6 @@ class Retention(Metric):
             "ger_evidence": ger(m, ev),
             "ger_evidence_all_layers": ger_all_layers(m, ev),
             "ger_layer": ger_per_layer(m, ans),
+            "evidence_heads": heads_retaining(m, ev),
+            "answer_heads": heads_retaining(m, ans),
         }

@@ -77,6 +77,11 @@ def _component(text: str, what: str, full: str) -> ComponentSpec:
     return ComponentSpec(name, tuple(sorted(params.items())))
 
 
+def parse_component(text: str, what: str = "component") -> ComponentSpec:
+    """Parse one ``name`` or ``name[key=value,...]``."""
+    return _component(text, what, text)
+
+
 def parse_press(text: str) -> PressSpec:
     """Parse ``scorer[...]`` or ``scorer[...]+selection[...]`` (names are checked when built)."""
     if not isinstance(text, str) or not text.strip():

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from kvroute.errors import ConfigError, UnknownNameError
-from kvroute.presses.spec import ComponentSpec
+from kvroute.presses.spec import ComponentSpec, parse_component
 from kvroute.registry import Registry
 
 
@@ -98,7 +98,7 @@ def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str,
 
 def build_scorer(spec: ComponentSpec | str) -> Scorer:
     if isinstance(spec, str):
-        spec = ComponentSpec(spec)
+        spec = parse_component(spec, "scorer")
     cls = SCORERS.get(spec.name)
     params = check_params("scorer", spec.name, spec.kwargs, cls.parameters())
     return cls(**params)

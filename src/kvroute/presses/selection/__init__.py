@@ -1,6 +1,6 @@
 """Registered selection strategies: one file each. ``SELECTIONS`` maps names to classes."""
 
-from kvroute.presses.selection import adakv, chunk, per_head, pyramid, shared  # noqa: F401
+from kvroute.presses.selection import adakv, chunk, per_head, pyramid, routes, shared  # noqa: F401
 from kvroute.presses.selection.base import SELECTIONS, Selection, build_selection, check_ratio, n_kept, topk_mask
 
 __all__ = ["SELECTIONS", "Selection", "build_selection", "check_ratio", "n_kept", "topk_mask"]

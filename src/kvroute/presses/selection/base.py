@@ -15,7 +15,7 @@ import torch
 
 from kvroute.errors import ConfigError, EngineError
 from kvroute.presses.scorers.base import check_params
-from kvroute.presses.spec import ComponentSpec
+from kvroute.presses.spec import ComponentSpec, parse_component
 from kvroute.registry import Registry
 
 
@@ -79,6 +79,6 @@ SELECTIONS: Registry[type[Selection]] = Registry("selection")
 
 def build_selection(spec: ComponentSpec | str) -> Selection:
     if isinstance(spec, str):
-        spec = ComponentSpec(spec)
+        spec = parse_component(spec, "selection")
     cls = SELECTIONS.get(spec.name)
     return cls(**check_params("selection", spec.name, spec.kwargs, cls.parameters()))

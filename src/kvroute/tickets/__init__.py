@@ -1,0 +1,5 @@
+"""Token-route lottery tickets: small sets of KV entries that still yield the answer."""
+
+from kvroute.tickets.search import Ticket, TicketSettings, find_ticket, importance
+
+__all__ = ["Ticket", "TicketSettings", "find_ticket", "importance"]

@@ -1,0 +1,39 @@
+"""The ticket search on tiny models: a returned ticket does reproduce the answer when used as the mask."""
+
+import pytest
+import torch
+
+from kvroute.engine.decode import DecodeSettings, decode_cells
+from kvroute.engine.prefill import prefill
+from kvroute.errors import ConfigError
+from kvroute.models import tiny_model
+from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
+from kvroute.tickets import TicketSettings, find_ticket
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_ticket_reproduces_the_full_answer(arch):
+    lm = tiny_model(arch, seed=0)
+    inst = generate_tasks(TaskSpec("base", n=1, seed=1))[0]
+    ticket = find_ticket(lm, inst, settings=TicketSettings(target="full", max_new_tokens=4, batch=8, groups=8,
+                                                           refine_rounds=2, max_evaluations=48))
+    assert 0 < ticket.fraction < 1
+    # independently decode with the ticket as the mask
+    prompt = build_prompt(lm.tokenizer, inst)
+    pre = prefill(lm.model, prompt.context_ids)
+    full = torch.ones_like(ticket.mask.mask)
+    from kvroute.presses import KeepMask
+
+    outs = decode_cells(lm.model, lm.tokenizer, pre, prompt.question_ids, [KeepMask(full), ticket.mask],
+                        settings=DecodeSettings(max_new_tokens=4))
+    assert outs[1].tokens == outs[0].tokens
+    s = ticket.summary()
+    assert s["entries"] == ticket.size and s["evaluations"] >= 2
+    assert len(s["evidence_heads_per_token"]) == len(ticket.evidence)
+    # the history is the search's own record: every accepted size passed
+    assert any(k == ticket.size and ok for k, ok in ticket.history) or ticket.size == s["total_entries"]
+
+
+def test_bad_target():
+    with pytest.raises(ConfigError, match="target"):
+        TicketSettings(target="nope")
