@@ -1,0 +1,212 @@
+"""The task-family contract: a validated spec of knobs, a base class, and the ``FAMILIES`` registry.
+
+A family turns ``(spec, index)`` into one instance with its own ``random.Random`` seeded from
+``(family, seed, index)``, so instance ``i`` does not depend on ``n`` (the first five of
+``n=10`` equal ``n=5``) and no global random state is read or changed. Answer and question types
+cycle through the family's valid combinations in a seeded order, so even small ``n`` covers them.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from kvroute.errors import ConfigError
+from kvroute.registry import Registry
+from kvroute.tasks.instance import ANSWER_TYPES, IDK, QUESTION_TYPES, TaskInstance
+from kvroute.tasks.text import Draft, TokenCounter, assemble, find_answer_spans
+
+MAX_N = 10_000_000
+MIN_TARGET_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """The knobs of one generation run; validated on construction (``ConfigError`` names the field).
+
+    Attributes:
+        family: registered family name (``kvroute tasks list``).
+        n: number of instances.
+        seed: generator seed; the same spec always gives byte-identical instances.
+        difficulty: the family's level (1 = easiest; see ``Family.levels``).
+        target_tokens: pad the context with neutral filler to about this many tokens (measured with
+            the tokenizer passed to :meth:`Family.generate`, else estimated from words); ``None``
+            keeps the natural length (``long_context`` then uses its level's default).
+        depth: where the facts sit inside the filler, 0 = start, 1 = end; ``None`` draws it
+            uniformly per instance. Needs filler (``target_tokens`` or ``long_context``).
+        distractors: number of distractor entities/values; ``None`` = the level's default.
+        unanswerable_share: share of unanswerable items (families that have them); ``None`` = default.
+        answer_types / question_types: restrict to these tags (``None`` = all the family allows).
+    """
+
+    family: str
+    n: int = 10
+    seed: int = 0
+    difficulty: int = 1
+    target_tokens: int | None = None
+    depth: float | None = None
+    distractors: int | None = None
+    unanswerable_share: float | None = None
+    answer_types: tuple[str, ...] | None = None
+    question_types: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, fld: str, msg: str) -> None:
+            if not ok:
+                raise ConfigError(f"task spec {fld}={getattr(self, fld)!r}: {msg}")
+
+        need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in 1..{MAX_N}")
+        need(_is_int(self.seed) and self.seed >= 0, "seed", "must be a non-negative integer")
+        need(_is_int(self.difficulty), "difficulty", "must be an integer level")
+        need(self.target_tokens is None or (_is_int(self.target_tokens) and self.target_tokens >= MIN_TARGET_TOKENS),
+             "target_tokens", f"must be an integer >= {MIN_TARGET_TOKENS} or None")
+        need(self.depth is None or (isinstance(self.depth, int | float) and 0.0 <= self.depth <= 1.0),
+             "depth", "must be a number in [0, 1] or None")
+        need(self.distractors is None or (_is_int(self.distractors) and self.distractors >= 0),
+             "distractors", "must be a non-negative integer or None")
+        need(self.unanswerable_share is None or (isinstance(self.unanswerable_share, int | float)
+                                                 and 0.0 <= self.unanswerable_share <= 1.0),
+             "unanswerable_share", "must be a number in [0, 1] or None")
+        for fld, allowed in (("answer_types", ANSWER_TYPES), ("question_types", QUESTION_TYPES)):
+            val = getattr(self, fld)
+            if val is not None:
+                object.__setattr__(self, fld, tuple(val))
+                bad = [v for v in val if v not in allowed]
+                need(bool(val) and not bad, fld, f"allowed values are {', '.join(allowed)}")
+        get_family(self.family).check(self)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class Family(ABC):
+    """Base of every task family: subclasses set the class attributes and write :meth:`draft`."""
+
+    name: ClassVar[str]
+    VERSION: ClassVar[int]
+    summary: ClassVar[str]
+    levels: ClassVar[dict[int, str]]  # difficulty -> what changes
+    answer_types: ClassVar[tuple[str, ...]] = ANSWER_TYPES
+    question_types: ClassVar[tuple[str, ...]] = QUESTION_TYPES
+    max_distractors: ClassVar[int] = 6
+    has_unanswerable: ClassVar[bool] = False
+    default_unanswerable_share: ClassVar[float] = 0.0
+    always_filler: ClassVar[bool] = False  # long_context: always lays facts inside filler
+
+    # --- per-level defaults (override) -------------------------------------------------------------
+    def level_question_types(self, difficulty: int) -> tuple[str, ...]:
+        """Question types used at ``difficulty`` unless the spec names its own."""
+        return {1: ("Standard",), 2: ("Standard", "Manipulated")}.get(difficulty, self.question_types)
+
+    def level_distractors(self, difficulty: int) -> int:
+        return min(difficulty - 1, self.max_distractors)
+
+    def level_target_tokens(self, difficulty: int) -> int | None:
+        return None
+
+    def valid_combo(self, answer_type: str, question_type: str) -> bool:
+        """Whether this family can ask a ``question_type`` question with an ``answer_type`` answer."""
+        return answer_type in self.answer_types and question_type in self.question_types
+
+    # --- the generator ------------------------------------------------------------------------------
+    @abstractmethod
+    def draft(self, rng: random.Random, spec: TaskSpec, *, answer_type: str, question_type: str,
+              unanswerable: bool, distractors: int) -> Draft:
+        """One instance's story, question and answers (the layout is done by :meth:`instance`)."""
+
+    def check(self, spec: TaskSpec) -> None:
+        """Family-specific validation of ``spec`` (raises ``ConfigError``)."""
+        if spec.difficulty not in self.levels:
+            raise ConfigError(f"task spec difficulty={spec.difficulty}: family {self.name!r} has levels "
+                              f"{', '.join(map(str, self.levels))}")
+        if spec.distractors is not None and spec.distractors > self.max_distractors:
+            raise ConfigError(f"task spec distractors={spec.distractors}: family {self.name!r} supports at most "
+                              f"{self.max_distractors}")
+        if spec.unanswerable_share and not self.has_unanswerable:
+            raise ConfigError(f"task spec unanswerable_share={spec.unanswerable_share}: family {self.name!r} has no "
+                              "unanswerable items (coreference has); use 0 or leave it unset")
+        if spec.depth is not None and spec.target_tokens is None and not self.always_filler:
+            raise ConfigError(f"task spec depth={spec.depth}: depth places the facts inside filler text, so it "
+                              "needs target_tokens (or the long_context family)")
+        if not self.combos(spec):
+            raise ConfigError(f"family {self.name!r} has no questions with answer_types={spec.answer_types} and "
+                              f"question_types={spec.question_types} (it covers answer types "
+                              f"{', '.join(self.answer_types)}; question types {', '.join(self.question_types)})")
+
+    def combos(self, spec: TaskSpec) -> list[tuple[str, str]]:
+        """The (answer type, question type) pairs instances cycle through, in a fixed order."""
+        qts = spec.question_types or self.level_question_types(spec.difficulty)
+        ats = spec.answer_types or self.answer_types
+        return [(a, q) for q in QUESTION_TYPES if q in qts for a in ANSWER_TYPES if a in ats
+                and self.valid_combo(a, q)]
+
+    def generate(self, spec: TaskSpec, tokenizer: Any | None = None) -> list[TaskInstance]:
+        """``spec.n`` instances; ``tokenizer`` measures ``target_tokens`` (else a word estimate)."""
+        return list(self.iter_instances(spec, tokenizer))
+
+    def iter_instances(self, spec: TaskSpec, tokenizer: Any | None = None) -> Iterator[TaskInstance]:
+        if spec.family != self.name:
+            raise ConfigError(f"spec is for family {spec.family!r}, not {self.name!r}")
+        combos = self.combos(spec)
+        random.Random(f"kvroute/{self.name}/{spec.seed}/combos").shuffle(combos)
+        count = TokenCounter(tokenizer)
+        for i in range(spec.n):
+            yield self.instance(spec, i, combos[i % len(combos)], count)
+
+    def instance(self, spec: TaskSpec, index: int, combo: tuple[str, str], count: TokenCounter) -> TaskInstance:
+        rng = random.Random(f"kvroute/{self.name}/{spec.seed}/{spec.difficulty}/{index}")
+        share = self.default_unanswerable_share if spec.unanswerable_share is None else spec.unanswerable_share
+        unanswerable = self.has_unanswerable and rng.random() < share
+        k = self.level_distractors(spec.difficulty) if spec.distractors is None else spec.distractors
+        draft = self.draft(rng, spec, answer_type=combo[0], question_type=combo[1], unanswerable=unanswerable,
+                           distractors=k)
+        target = spec.target_tokens or self.level_target_tokens(spec.difficulty)
+        depth = spec.depth if spec.depth is not None else round(rng.random(), 4)
+        lay = assemble(draft, rng=rng, target_tokens=target, depth=depth, count=count)
+        answers = [IDK] if draft.unanswerable else _dedupe(draft.answers)
+        spans = () if draft.unanswerable else find_answer_spans(lay.context, answers, lay.evidence_spans)
+        distractors = [d for d in _dedupe(draft.distractors) if d in lay.context and not _contains_any(d, answers)]
+        meta: dict[str, Any] = {"difficulty": spec.difficulty, "index": index, "distractors": k, **draft.meta}
+        if target is not None:
+            meta.update(target_tokens=target, depth=lay.depth, filler_sentences=lay.n_filler,
+                        context_tokens=count(lay.context), tokens_counted_with=count.name)
+        return TaskInstance.create(
+            family=self.name, version=self.VERSION, seed=spec.seed, context=lay.context, question=draft.question,
+            answers=answers, unanswerable=draft.unanswerable, answer_spans=spans,
+            evidence_spans=lay.evidence_spans, distractors=distractors, answer_type=draft.answer_type,
+            question_type=draft.question_type, meta=meta)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``kvroute tasks list`` shows."""
+        return {"name": self.name, "version": self.VERSION, "summary": self.summary, "levels": dict(self.levels),
+                "answer_types": list(self.answer_types), "question_types": list(self.question_types),
+                "max_distractors": self.max_distractors, "unanswerable": self.has_unanswerable,
+                "knobs": list(TaskSpec.__dataclass_fields__)[1:]}
+
+
+def _contains_any(value: str, answers: list[str]) -> bool:
+    """Whether ``value`` equals or contains (as whole words) one of ``answers``."""
+    v = f" {value.lower()} "
+    return any(f" {a.lower()} " in v for a in answers)
+
+
+def _dedupe(values: list[str]) -> list[str]:
+    out: list[str] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+FAMILIES: Registry[type[Family]] = Registry("task family", hint="List them with `kvroute tasks list`.")
+
+
+def get_family(name: str) -> Family:
+    """The family registered as ``name`` (did-you-mean error otherwise)."""
+    import kvroute.tasks.families  # noqa: F401 - registers the built-in families
+
+    return FAMILIES.get(name)()
