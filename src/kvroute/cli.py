@@ -222,9 +222,16 @@ def report(
     t0 = time.perf_counter()
     df = load_records(run)
     out = out or (run if run.is_dir() else run.parent) / "report"
+    from kvroute.analysis.tickets import load_tickets
+
+    tickets = load_tickets(run)
+    pngs = sorted(((run if run.is_dir() else run.parent) / "tickets").glob("*.png"))[:3]
+    images = [(f"Ticket for instance {p.stem}: which layers and KV heads keep its evidence tokens.", p.read_bytes())
+              for p in pngs]
     with err_console.status(f"analysing {len(df)} records"):
         path = build_report(df, out, manifest=load_manifest(run), title=title,
-                            config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed))
+                            config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
+                            tickets=tickets, ticket_images=images)
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
 
 

@@ -56,3 +56,13 @@ def test_settings_are_validated():
         AnalysisConfig(delta=0)
     with pytest.raises(ConfigError, match="n_boot"):
         AnalysisConfig(n_boot=1)
+
+
+def test_redundancy_fit_recovers_the_route_probability():
+    from kvroute.analysis.redundancy import redundancy_table
+    from kvroute.analysis.synthetic import SyntheticSpec, synthetic_records
+
+    bins, fits = redundancy_table(synthetic_records(SyntheticSpec()))
+    assert not bins.empty
+    assert all(abs(p - 0.2) < 0.05 for p in fits["p"])  # the synthetic runs route with p = 0.2 per head
+    assert ((bins["low"] <= bins["p_reach"]) & (bins["p_reach"] <= bins["high"])).all()

@@ -24,6 +24,7 @@ from kvroute.analysis.correlation import conditional_hallucination, ger_hallucin
 from kvroute.analysis.curves import breakdown, layer_profiles, routing_curves
 from kvroute.analysis.decomposition import failure_decomposition, rigidity_comparison
 from kvroute.analysis.probe import probe_by_ratio
+from kvroute.analysis.redundancy import redundancy_table
 from kvroute.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
         section(f"by_{by}", [by], functools.partial(lambda b: {f"by_{b}": breakdown(df, b)}, by))
     for col in ("consensus", "rho", "consensus_nosink"):
         section(f"{col}_profiles", [col], functools.partial(lambda c: {f"{c}_profiles": layer_profiles(df, c)}, col))
+    section("redundancy", ["evidence_heads", "reachable"], lambda: dict(zip(
+        ("redundancy", "redundancy_fit"), redundancy_table(df), strict=True)))
     section("probe", ["probe_features", "answer_type"],
             lambda: {"probe": probe_by_ratio(df, folds=cfg.probe_folds, seed=cfg.seed)})
 

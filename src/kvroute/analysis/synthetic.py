@@ -162,7 +162,9 @@ def synthetic_records(spec: SyntheticSpec | None = None) -> pd.DataFrame:
     press_parts = df["press"].str.split("+", n=1, expand=True).reindex(columns=[0, 1])
     logp_full = -rng.uniform(0.5, 3.0, n)
     delta = -(4 * ger + 2 * halluc) * rng.uniform(0.5, 1.5, n) * (a > 0)
-    reach = ~glob & (rng.random(n) < 1 - 0.5 * ger)
+    # redundancy: k (layer, KV head) pairs keep evidence (none when globally evicted); each routes with p = 0.2
+    heads = np.where(glob, 0, np.maximum(1, np.round(60 * (1 - ger) * rng.uniform(0.5, 1.5, n)))).astype(int)
+    reach = (heads > 0) & (rng.random(n) < 1 - (1 - 0.2) ** heads)
     out = pd.DataFrame({
         "model": df["model"], "instance_id": df["instance_id"], "press": df["press"], "ratio": a,
         "regime": df["regime"], "seed": spec.seed, "settings": "synthetic",
@@ -173,7 +175,7 @@ def synthetic_records(spec: SyntheticSpec | None = None) -> pd.DataFrame:
         "outcome": outcome, "hallucinated": halluc, "ger": ger, "ger_all_layers": ger_all,
         "ger_evidence": 0.9 * ger, "ger_evidence_all_layers": 0.9 * ger_all, "eviction_rate": a**2,
         "evidence_attention_mass": full_mass * (1 - 0.8 * ger) * rng.uniform(0.85, 1.1, n),
-        "evidence_attention_mass_full": full_mass, "reachable": reach,
+        "evidence_attention_mass_full": full_mass, "reachable": reach, "evidence_heads": heads,
         "routed_reachable": reach | (rng.random(n) < 0.3),
         "gold_logprob": logp_full + delta, "gold_logprob_delta": delta,
     })

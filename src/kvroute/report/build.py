@@ -16,6 +16,7 @@ from kvroute import __version__
 from kvroute.analysis.common import AnalysisError, attach_baseline
 from kvroute.analysis.summary import AnalysisConfig, run_analysis
 from kvroute.report import figures_cliff as fc
+from kvroute.report import figures_extra as fx
 from kvroute.report import figures_routing as fr
 from kvroute.report import html as h
 from kvroute.report.heatmap import SurvivalExample, survival_figure
@@ -33,12 +34,14 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("fig-consensus", "Layer-wise head consensus"),
     ("fig-survival", "Evidence survival in one instance"),
     ("fig-probe", "Representation probe"),
+    ("fig-redundancy", "Redundancy: reachability against heads keeping the evidence"),
 )
 
 
 def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, Any] | None = None,
                  title: str = "kvroute report", survival: SurvivalExample | None = None,
-                 config: AnalysisConfig | None = None, examples_per_ratio: int = 3) -> Path:
+                 config: AnalysisConfig | None = None, examples_per_ratio: int = 3,
+                 tickets: pd.DataFrame | None = None, ticket_images: list[tuple[str, bytes]] | None = None) -> Path:
     """Analyse ``df`` and write ``report.html``, ``summary.json`` and ``figures/`` into ``out_dir``.
 
     ``survival`` is one instance's keep-mask for the survival heatmap (the records do not hold
@@ -116,7 +119,15 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                   fig("fig-probe", lambda: fr.probe_figure(t.get("probe")),
                       "Macro-F1 of a cross-validated logistic-regression probe for the answer type on the last-prompt-"
                       "token features (± std over folds), next to exact-match accuracy.", why("probe"))),
-        h.section("examples", "9. Example answers per ratio", h.paragraph(
+        h.section("redundancy", "10. Redundancy: reachability against the heads that keep the evidence",
+                  fig("fig-redundancy", lambda: fx.redundancy_figure(t.get("redundancy"), t.get("redundancy_fit")),
+                      "Empirical share of compressed cells whose evidence stays directly reachable, against k = the "
+                      "number of (layer, KV head) pairs keeping an evidence token (Wilson 95% intervals), beside "
+                      "1 − (1 − p)^k with p fitted by maximum likelihood.", why("redundancy")),
+                  _table_or_note(t.get("redundancy_fit"), [("model", "model"), ("p", "fitted p"), ("n_cells", "cells"),
+                                                           ("max_k", "largest k")], why("redundancy"))),
+        h.section("tickets", "11. Token-route lottery tickets", *_ticket_parts(tickets, ticket_images, t.get("cliffs"))),
+        h.section("examples", "12. Example answers per ratio", h.paragraph(
             "A few answers per ratio, chosen at random (seeded), shown verbatim as text."),
             _examples(df, examples_per_ratio, cfg.seed)),
         h.section("notes", "Notes and operational choices",
@@ -128,13 +139,41 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
            ("context", "α* against context length"), ("ger", "GER and hallucination"),
            ("rau", "Retention, accessibility, utilization"), ("decomposition", "Failure decomposition"),
            ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"), ("probe", "Probe"),
-           ("examples", "Example answers"), ("notes", "Notes")]
+           ("redundancy", "Redundancy"), ("tickets", "Lottery tickets"), ("examples", "Example answers"),
+           ("notes", "Notes")]
     meta = f"kvroute {__version__} · {s['n_records']} records · bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}"
     (out / "summary.json").write_text(json.dumps(s, indent=2, allow_nan=False, ensure_ascii=False), encoding="utf-8")
     path = out / "report.html"
     path.write_text(h.page(title, meta, toc, body), encoding="utf-8")
     log.info("wrote %s", path)
     return path
+
+
+def _ticket_parts(tickets: pd.DataFrame | None, images: list[tuple[str, bytes]] | None,
+                  cliffs: pd.DataFrame | None) -> list[str]:
+    from kvroute.analysis.tickets import tickets_vs_cliffs
+
+    if tickets is None or tickets.empty:
+        return [h.note("No tickets in this run (write some with `kvroute ticket --out RUN_DIR`).")]
+    cols = [("model", "model"), ("instance_id", "instance"), ("family", "family"), ("target", "target"),
+            ("entries", "entries kept"), ("total_entries", "cache entries"), ("fraction", "share of cache"),
+            ("tokens_kept", "tokens kept"), ("context_tokens", "context tokens"),
+            ("evidence_tokens_in_ticket", "evidence tokens in ticket"), ("evidence_tokens", "evidence tokens"),
+            ("answer", "answer"), ("evaluations", "decodes")]
+    parts = [h.paragraph("A ticket is a set of kept (layer, KV head, token) entries, found by greedy pruning along the "
+                         "answer's attention mass with batched re-checks and a backward pass, that still yields the "
+                         "answer. Every ticket listed was decoded and passed."),
+             h.table(tickets, [c for c in cols if c[0] in tickets.columns], text_columns=["answer"])]
+    cmp = tickets_vs_cliffs(tickets, cliffs)
+    if not cmp.empty and "press" in cmp.columns:
+        parts.append(h.paragraph("Median ticket size against the share a press keeps at its cliff (1 − α*): "
+                                 "how much more of the cache a press needs than the routes that carry the answer."))
+        parts.append(h.table(cmp, [("model", "model"), ("press", "press"), ("regime", "regime"),
+                                   ("ticket_median", "ticket (median share)"), ("kept_at_cliff", "kept at cliff"),
+                                   ("cliff_over_ticket", "ratio")]))
+    for caption, png in (images or [])[:3]:
+        parts.append(h.figure(f"fig-ticket-{len(parts)}", data_uri(png), caption))
+    return parts
 
 
 _COND_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), ("family", "family"),
