@@ -88,6 +88,10 @@ class StoreLockedError(StoreError):
     """Another sweep is writing to the same run directory."""
 
 
+class SweepError(KvrouteError):
+    """A sweep could not finish a work unit; the message names the model, instance and cause."""
+
+
 def suggest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """The registered names closest to ``name`` (case-insensitive), best first."""
     choices = list(choices)

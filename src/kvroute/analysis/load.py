@@ -3,8 +3,9 @@
 The run store is owned by :mod:`kvroute.sweep`; this module is the *only* place the analysis
 reads it, so when the store's layout changes only :func:`_read_sqlite` has to follow. The layout
 assumed here: ``RUN_DIR/store.sqlite`` holds a table ``records`` whose columns are the field
-names of :mod:`kvroute.records`, with per-layer vectors as JSON text (float32 blobs are accepted
-too); ``RUN_DIR/manifest.json`` holds the run manifest.
+names of :mod:`kvroute.records`, with per-layer vectors as JSON text or float32 blobs (a
+``columns`` table, when present, names each column's kind and :func:`kvroute.sweep.store.decode_columns`
+decodes them); ``RUN_DIR/manifest.json`` holds the run manifest.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def _read_sqlite(path: Path) -> pd.DataFrame:
         if TABLE not in tables:
             raise StoreError(f"{path} has no {TABLE!r} table (tables: {', '.join(sorted(tables)) or 'none'}); "
                              f"is it a kvroute run store?")
-        return pd.read_sql_query(f"SELECT * FROM {TABLE}", con)
+        from kvroute.sweep.store import decode_columns  # the store's own column kinds: vectors, lists, bools
+
+        return decode_columns(con, pd.read_sql_query(f"SELECT * FROM {TABLE}", con))
     except sqlite3.Error as e:
         raise StoreError(f"cannot read {path}: {e}") from e
     finally:

@@ -1,0 +1,363 @@
+"""The sweep config: models × tasks × presses × ratios × regimes × seeds, plus decoding and metrics.
+
+A config file (TOML, YAML or JSON; see the README's "Sweeps" section for a complete example) is
+checked key by key when it is loaded, before any model or tokenizer is touched. Every problem is a
+:class:`~kvroute.errors.ConfigError` naming the file, the key and what is allowed; unknown keys
+fail with the closest known ones. ``--set dotted.key=value`` overrides are applied to the raw
+mapping first, so they are checked exactly like the file's own values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvroute import __version__
+from kvroute.config import apply_overrides, check_keys, load_mapping
+from kvroute.errors import ConfigError, KvrouteError
+from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
+from kvroute.presses import build_press, check_ratio
+from kvroute.runner import RunSettings
+from kvroute.tasks import FAMILIES, TaskSpec
+from kvroute.tasks.prompt import REGIMES
+
+TOP_KEYS = ("name", "models", "tasks", "presses", "ratios", "regimes", "seeds", "metrics", "decoding",
+            "metric_settings", "ray")
+MODEL_KEYS = ("name", "device", "dtype")
+FILE_TASK_KEYS = ("file", "limit")
+SPEC_TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskSpec))
+DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix")
+METRIC_SETTING_KEYS = tuple(f.name for f in dataclasses.fields(MetricSettings))
+RAY_KEYS = ("address", "instances_per_shard", "cpus_per_worker")
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the config names it; ``source`` is what :func:`~kvroute.models.load_model` gets."""
+
+    name: str
+    source: str
+    device: str | None = None
+    dtype: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "device": self.device, "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """Either a task file (first ``limit`` instances) or a generator spec."""
+
+    file: Path | None = None
+    limit: int | None = None
+    spec: TaskSpec | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.spec is not None:
+            return {k: v for k, v in dataclasses.asdict(self.spec).items()}
+        return {"file": str(self.file), "limit": self.limit}
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    address: str | None = None  # None: ray.init() decides (RAY_ADDRESS, else a local Ray)
+    instances_per_shard: int = 4  # instances (× regimes × seeds) handed to a worker at once
+    cpus_per_worker: int = 1  # CPUs per worker when the cluster has no GPUs
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A validated sweep; build it with :func:`load_sweep_config` or :func:`sweep_config_from_mapping`."""
+
+    models: tuple[ModelSpec, ...]
+    tasks: tuple[TaskSource, ...]
+    presses: tuple[str, ...]
+    ratios: tuple[float, ...]
+    regimes: tuple[str, ...] = ("agnostic",)
+    seeds: tuple[int, ...] = (0,)
+    settings: RunSettings = field(default_factory=RunSettings)
+    ray: RaySettings = field(default_factory=RaySettings)
+    name: str = "sweep"
+    source: str = "<config>"  # the file it came from, for messages
+
+    def __post_init__(self) -> None:
+        w = _Where(self.source, ())
+        for key in ("models", "tasks", "ratios", "regimes", "seeds"):
+            if not getattr(self, key):
+                raise w.error(key, "is empty, so the grid would be empty; give at least one value")
+        for i, r in enumerate(self.ratios):
+            try:
+                check_ratio(r)
+            except KvrouteError as e:
+                raise w.error(f"ratios[{i}]", str(e), r) from None
+        if any(r > 0 for r in self.ratios) and not self.presses:
+            raise w.error("presses", "is empty but the ratios include compressed cells; name at least one press")
+
+    @property
+    def settings_hash(self) -> str:
+        return settings_hash(self.settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config (defaults filled in), JSON-serialisable; recorded in the manifest."""
+        s = self.settings
+        return {
+            "name": self.name, "source": self.source,
+            "models": [m.to_dict() for m in self.models], "tasks": [t.to_dict() for t in self.tasks],
+            "presses": list(self.presses), "ratios": list(self.ratios), "regimes": list(self.regimes),
+            "seeds": list(self.seeds), "metrics": list(s.metrics),
+            "decoding": {"max_new_tokens": s.max_new_tokens, "batch_size": s.batch_size,
+                         "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix},
+            "metric_settings": dataclasses.asdict(s.metric), "ray": dataclasses.asdict(self.ray),
+            "settings_hash": self.settings_hash,
+        }
+
+
+def settings_hash(s: RunSettings) -> str:
+    """Hash of every setting that changes a record's values (batch size does not; kvroute's minor version does)."""
+    payload = {"max_new_tokens": s.max_new_tokens, "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
+               "metrics": sorted(s.metrics), "metric": dataclasses.asdict(s.metric),
+               "kvroute": ".".join(__version__.split(".")[:2])}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_sweep_config(path: str | Path, overrides: Iterable[str] = ()) -> SweepConfig:
+    """Read, override and validate a sweep config file (no model or tokenizer is loaded)."""
+    p = Path(path)
+    data, keys = apply_overrides(load_mapping(p), overrides)
+    return sweep_config_from_mapping(data, source=str(p), base_dir=p.parent, overridden=keys)
+
+
+class _Where:
+    """Builds messages that name the file (and the --set overrides that touched the key)."""
+
+    def __init__(self, source: str, overridden: tuple[str, ...]) -> None:
+        self.source, self.overridden = source, overridden
+
+    def error(self, key: str, msg: str, value: Any = dataclasses.MISSING) -> ConfigError:
+        top = re.split(r"[.\[]", key)[0]
+        sets = [o for o in self.overridden if re.split(r"[.\[]", o)[0] == top]
+        where = self.source + (f" (with --set {', '.join(sets)})" if sets else "")
+        shown = "" if value is dataclasses.MISSING else f" = {value!r}"
+        return ConfigError(f"{where}: {key}{shown}: {msg}")
+
+
+def _list(data: Mapping[str, Any], key: str, w: _Where, default: Any = None) -> list[Any]:
+    if key not in data:
+        if default is None:
+            raise w.error(key, "missing; this key is required (see the README's Sweeps section)")
+        return list(default)
+    v = data[key]
+    if isinstance(v, str | int | float) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, list):
+        raise w.error(key, "must be a list", v)
+    if not v:
+        raise w.error(key, "is empty, so the grid would be empty; give at least one value", v)
+    return v
+
+
+def _int(v: Any, key: str, w: _Where, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise w.error(key, f"must be an integer >= {lo}", v)
+    return v
+
+
+def _unique(values: list[Any], key: str, w: _Where) -> None:
+    seen: set[Any] = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            raise w.error(f"{key}[{i}]", "appears twice; each value may be listed once", v)
+        seen.add(v)
+
+
+def _model(item: Any, i: int, w: _Where, base_dir: Path | None) -> ModelSpec:
+    key = f"models[{i}]"
+    if isinstance(item, str):
+        item = {"name": item}
+    if not isinstance(item, dict):
+        raise w.error(key, "must be a model name/path or a table {name, device, dtype}", item)
+    check_keys(item, MODEL_KEYS, w.source, key)
+    name = item.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise w.error(f"{key}.name", "must be a zoo name, a local folder, a .gguf file or a hub id (org/name)", name)
+    device, dtype = item.get("device"), item.get("dtype")
+    if device is not None and not (isinstance(device, str) and _DEVICE.match(device)):
+        raise w.error(f"{key}.device", "allowed: auto, cpu, cuda, cuda:N, mps", device)
+    if dtype is not None and dtype not in DTYPES:
+        raise w.error(f"{key}.dtype", f"allowed: {', '.join(DTYPES)}", dtype)
+    return ModelSpec(name, _model_source(name, f"{key}.name", w, base_dir), device, dtype)
+
+
+def _model_source(name: str, key: str, w: _Where, base_dir: Path | None) -> str:
+    from kvroute.models import ZOO
+
+    if name in ZOO:
+        return name
+    path = Path(name).expanduser()
+    if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
+        path = base_dir / path
+    if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
+        return str(path.resolve())
+    if _HUB_ID.match(name) and not name.startswith((".", "/", "~")):
+        return name  # a hub id; whether it loads is known only when it is loaded
+    if "/" in name or name.startswith((".", "~")) or name.endswith(".gguf"):
+        raise w.error(key, "no such model folder or .gguf file", name)
+    from kvroute.errors import UnknownNameError
+
+    raise w.error(key, str(UnknownNameError("model", name, ZOO.names(), "A model is a zoo name, a local folder, "
+                                            "a .gguf file or a hub id (org/name).")))
+
+
+def _task(item: Any, i: int, w: _Where, base_dir: Path | None) -> TaskSource:
+    key = f"tasks[{i}]"
+    if isinstance(item, str):
+        item = {"file": item}
+    if not isinstance(item, dict):
+        raise w.error(key, "must be a table: {file = \"x.jsonl\"} or a generator spec {family = \"base\", n = 20, ...}",
+                      item)
+    if "file" in item:
+        check_keys(item, FILE_TASK_KEYS, w.source, key)
+        f = item["file"]
+        if not isinstance(f, str) or not f:
+            raise w.error(f"{key}.file", "must be the path of a .jsonl task file", f)
+        path = Path(f).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise w.error(f"{key}.file", f"no such task file ({path}); write one with `kvroute tasks generate` "
+                          "or use a generator spec {family = ..., n = ...}", f)
+        limit = item.get("limit")
+        if limit is not None:
+            _int(limit, f"{key}.limit", w, lo=1)
+        return TaskSource(file=path.resolve(), limit=limit)
+    if "family" not in item:
+        check_keys(item, (*FILE_TASK_KEYS, *SPEC_TASK_KEYS), w.source, key)
+        raise w.error(key, "needs either 'file' (a task file) or 'family' (a generator spec); "
+                      f"task families: {', '.join(FAMILIES.names())}", item)
+    check_keys(item, SPEC_TASK_KEYS, w.source, key)
+    if item["family"] not in FAMILIES:
+        try:
+            FAMILIES.get(str(item["family"]))
+        except KvrouteError as e:
+            raise w.error(f"{key}.family", str(e)) from None
+    try:
+        spec = TaskSpec(**item)
+    except KvrouteError as e:
+        raise w.error(key, str(e)) from None
+    return TaskSource(spec=spec)
+
+
+def _press(item: Any, i: int, w: _Where) -> tuple[str, str]:
+    key = f"presses[{i}]"
+    if not isinstance(item, str):
+        raise w.error(key, "must be a press spec string such as 'snapkv' or 'expected_attention+adakv'", item)
+    try:
+        return item, build_press(item).name
+    except KvrouteError as e:
+        raise w.error(key, f"{e} (list them with `kvroute presses list`)", item) from None
+
+
+def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config>", base_dir: Path | None = None,
+                              overridden: tuple[str, ...] = ()) -> SweepConfig:
+    """Validate a raw mapping (as read from a file) into a :class:`SweepConfig`."""
+    w = _Where(source, overridden)
+    check_keys(data, TOP_KEYS, source)
+    name = data.get("name", "sweep")
+    if not isinstance(name, str):
+        raise w.error("name", "must be a string", name)
+    models = tuple(_model(m, i, w, base_dir) for i, m in enumerate(_list(data, "models", w)))
+    _unique([m.name for m in models], "models", w)
+    tasks = tuple(_task(t, i, w, base_dir) for i, t in enumerate(_list(data, "tasks", w)))
+    ratios_raw = _list(data, "ratios", w)
+    ratios = []
+    for i, r in enumerate(ratios_raw):
+        if isinstance(r, bool):
+            raise w.error(f"ratios[{i}]", "must be a number in [0, 1)", r)
+        try:
+            ratios.append(check_ratio(r))
+        except KvrouteError as e:
+            raise w.error(f"ratios[{i}]", f"{e}; allowed: numbers in [0, 1), 0 = the uncompressed baseline",
+                          r) from None
+    _unique(ratios, "ratios", w)
+    compressed = any(r > 0 for r in ratios)
+    presses_raw = _list(data, "presses", w, default=None if compressed else ())
+    presses = [_press(p, i, w) for i, p in enumerate(presses_raw)]
+    _unique([canon for _, canon in presses], "presses (as canonical names)", w)
+    regimes = _list(data, "regimes", w, default=("agnostic",))
+    for i, r in enumerate(regimes):
+        if r not in REGIMES:
+            raise w.error(f"regimes[{i}]", f"allowed: {', '.join(REGIMES)}", r)
+    _unique(regimes, "regimes", w)
+    seeds = [_int(s, f"seeds[{i}]", w) for i, s in enumerate(_list(data, "seeds", w, default=(0,)))]
+    _unique(seeds, "seeds", w)
+    metrics = _list(data, "metrics", w, default=DEFAULT_METRICS)
+    for i, m in enumerate(metrics):
+        if m not in METRICS:
+            try:
+                METRICS.get(str(m))
+            except KvrouteError as e:
+                raise w.error(f"metrics[{i}]", str(e)) from None
+    _unique(metrics, "metrics", w)
+    settings = RunSettings(**_decoding(data.get("decoding", {}), w), metrics=tuple(metrics),
+                           metric=_metric_settings(data.get("metric_settings", {}), w))
+    return SweepConfig(models=models, tasks=tasks, presses=tuple(p for p, _ in presses), ratios=tuple(ratios),
+                       regimes=tuple(regimes), seeds=tuple(seeds), settings=settings,
+                       ray=_ray(data.get("ray", {}), w), name=name, source=source)
+
+
+def _table(v: Any, key: str, allowed: tuple[str, ...], w: _Where) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise w.error(key, f"must be a table with keys {', '.join(allowed)}", v)
+    check_keys(v, allowed, w.source, key)
+    return v
+
+
+def _decoding(v: Any, w: _Where) -> dict[str, Any]:
+    d = _table(v, "decoding", DECODING_KEYS, w)
+    out: dict[str, Any] = {}
+    for k in ("max_new_tokens", "batch_size"):
+        if k in d:
+            out[k] = _int(d[k], f"decoding.{k}", w, lo=1)
+    if "system_prompt" in d:
+        if d["system_prompt"] is not None and not isinstance(d["system_prompt"], str):
+            raise w.error("decoding.system_prompt", "must be a string (or left out for the model's default)",
+                          d["system_prompt"])
+        out["system_prompt"] = d["system_prompt"]
+    if "answer_prefix" in d:
+        if not isinstance(d["answer_prefix"], str):
+            raise w.error("decoding.answer_prefix", "must be a string", d["answer_prefix"])
+        out["answer_prefix"] = d["answer_prefix"]
+    return out
+
+
+def _metric_settings(v: Any, w: _Where) -> MetricSettings:
+    d = _table(v, "metric_settings", METRIC_SETTING_KEYS, w)
+    defaults = MetricSettings()
+    out = {}
+    for k, val in d.items():
+        kind = type(getattr(defaults, k))
+        ok = not isinstance(val, bool) and (isinstance(val, int | float) if kind is float else isinstance(val, kind))
+        if not ok or (isinstance(val, int | float) and val < 0):
+            raise w.error(f"metric_settings.{k}", f"must be a non-negative {kind.__name__}", val)
+        out[k] = kind(val)
+    return MetricSettings(**out)
+
+
+def _ray(v: Any, w: _Where) -> RaySettings:
+    d = _table(v, "ray", RAY_KEYS, w)
+    address = d.get("address")
+    if address is not None and (not isinstance(address, str) or not address):
+        raise w.error("ray.address", "must be a Ray address such as 'auto' or 'ray://head:10001'", address)
+    return RaySettings(address=address,
+                       instances_per_shard=_int(d.get("instances_per_shard", 4), "ray.instances_per_shard", w, lo=1),
+                       cpus_per_worker=_int(d.get("cpus_per_worker", 1), "ray.cpus_per_worker", w, lo=1))

@@ -1,0 +1,131 @@
+"""The sweep driver: plan the grid, lock and open the store, run the missing cells, record the run.
+
+Order of events, so that bad input fails before anything expensive or lasting happens:
+
+1. the config was validated when it was loaded (names, ratios, files, keys);
+2. task instances are read/generated (a tokenizer is loaded only for ``target_tokens`` specs) and
+   the grid is expanded — an empty grid fails here, before any model loads;
+3. the run directory is locked (a second sweep on it fails with ``StoreLockedError``) and the
+   store opened; a store that already holds records needs ``resume=True``;
+4. the manifest is written, and only the cells whose keys are not in the store are run, by the
+   chosen backend; the driver writes each unit's records in one transaction as it finishes;
+5. the manifest records how the session ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvroute.errors import ConfigError, StoreError
+from kvroute.progress import SILENT, Progress
+from kvroute.sweep.config import SweepConfig
+from kvroute.sweep.grid import count_cells, expand, pending
+from kvroute.sweep.manifest import finish_session, start_session
+from kvroute.sweep.store import Store
+from kvroute.sweep.tasks import resolve_tasks, write_task_sets
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass
+class Plan:
+    """What a sweep would do: its units, sizes, and task sets (no model loaded, nothing written)."""
+
+    config: SweepConfig
+    units: list[Any]
+    task_sets: list[Any]
+    instances: dict[str, int]
+
+    @property
+    def cells(self) -> int:
+        return count_cells(self.units)
+
+    def describe(self) -> dict[str, Any]:
+        c = self.config
+        per_unit = len(self.units[0].cells) if self.units else 0
+        return {"cells": self.cells, "units": len(self.units), "cells_per_unit": per_unit,
+                "models": [m.name for m in c.models], "instances": self.instances, "presses": list(c.presses),
+                "ratios": list(c.ratios), "regimes": list(c.regimes), "seeds": list(c.seeds)}
+
+
+@dataclass
+class SweepOutcome:
+    run_dir: Path
+    total_cells: int
+    already_done: int
+    computed: int
+    seconds: float
+    summary: list[dict[str, Any]] = field(default_factory=list)
+
+
+def plan_sweep(config: SweepConfig) -> Plan:
+    """Read/generate the task instances and expand the grid (raises ``ConfigError`` on an empty grid)."""
+    tasks, sets = resolve_tasks(config)
+    units = expand(config, tasks)
+    if not units or not count_cells(units):
+        raise ConfigError(f"{config.source}: the grid is empty (models × tasks × presses/ratios × regimes × seeds "
+                          "gives no cells)")
+    return Plan(config, units, sets, {k: len(v) for k, v in tasks.items()})
+
+
+def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local", resume: bool = False,
+              ray_address: str | None = None, progress: Progress = SILENT) -> SweepOutcome:
+    """Run ``config`` into ``run_dir``; with ``resume`` only the cells missing from its store are computed."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "ray":
+        from kvroute.sweep.ray_backend import _import_ray
+
+        _import_ray()  # fail now, not after the plan, when ray is missing
+    plan = plan_sweep(config)
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    with Store.open(run_dir) as store:
+        done = store.keys()
+        if done and not resume:
+            raise StoreError(f"{run_dir} already holds {len(done)} records from an earlier sweep; pass --resume to "
+                             "compute only the missing cells, or choose another --out")
+        todo = pending(plan.units, done)
+        total, remaining = plan.cells, count_cells(todo)
+        log.info("%d cells in the grid, %d already in the store, %d to compute", total, total - remaining, remaining)
+        files = write_task_sets(run_dir, plan.task_sets)
+        manifest = start_session(run_dir, config=config.to_dict(), backend=backend, grid=plan.describe(),
+                                 task_files=files, extra={"ray_address": ray_address} if backend == "ray" else None)
+        computed = 0
+        status, error = "failed", None
+        try:
+            with progress.task(f"sweep {config.name}: {total} cells", total=total) as bar:
+                bar.update(completed=total - remaining)
+
+                def sink(records: list[dict[str, Any]]) -> None:
+                    nonlocal computed
+                    store.write(records)
+                    computed += len(records)
+                    bar.advance(len(records))
+
+                if backend == "local":
+                    from kvroute.sweep.local import run_local
+
+                    run_local(config, todo, sink)
+                else:
+                    from kvroute.sweep.ray_backend import run_ray
+
+                    run_ray(config, todo, sink, address=ray_address)
+            status = "complete"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        except BaseException as e:
+            error = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            finish_session(run_dir, manifest, status=status, cells_computed=computed,
+                           seconds=time.perf_counter() - t0, error=error)
+        summary = store.summary(config.settings_hash)
+    return SweepOutcome(run_dir, total, total - remaining, computed, time.perf_counter() - t0, summary)

@@ -1,0 +1,113 @@
+"""``RUN_DIR/manifest.json``: what a run was (resolved config, versions, git hash, device) and when.
+
+The manifest is rewritten atomically (temp file + rename) at the start and the end of every
+session, so it is always valid JSON. A resumed run keeps its first ``started`` time and appends
+one entry per session to ``sessions`` (backend, times, cells computed, how it ended).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from kvroute import __version__
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+PACKAGES = ("torch", "transformers", "kvpress", "numpy", "tokenizers", "accelerate", "safetensors", "ray")
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version(), "kvroute": __version__}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_info(path: Path | None = None) -> dict[str, Any] | None:
+    """Commit and dirty flag of the checkout kvroute runs from (None when it is not a git checkout)."""
+    where = path or Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip() != ""
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
+def device_info() -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "cuda": cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+    }
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
+    f = Path(run_dir) / MANIFEST_NAME
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text())
+    except json.JSONDecodeError:
+        return None  # a torn file cannot happen with atomic writes; a hand-edited one is replaced
+    return data if isinstance(data, dict) else None
+
+
+def write_manifest(run_dir: str | Path, data: dict[str, Any]) -> Path:
+    f = Path(run_dir) / MANIFEST_NAME
+    tmp = f.with_name(f.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, f)
+    return f
+
+
+def start_session(run_dir: str | Path, *, config: dict[str, Any], backend: str, grid: dict[str, Any],
+                  task_files: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write the manifest for a session that is starting; returns it (pass it to :func:`finish_session`)."""
+    old = read_manifest(run_dir) or {}
+    sessions = list(old.get("sessions", []))
+    sessions.append({"started": now(), "finished": None, "backend": backend, "status": "running",
+                     "settings_hash": config.get("settings_hash"), "cells_computed": 0, "pid": os.getpid(),
+                     "argv": sys.argv[1:], **(extra or {})})
+    data = {
+        "kvroute_manifest": MANIFEST_VERSION, "name": config.get("name"), "status": "running",
+        "started": old.get("started", sessions[-1]["started"]), "finished": None, "backend": backend,
+        "grid": grid, "task_files": task_files, "versions": package_versions(), "git": git_info(),
+        "device": device_info(), "config": config, "sessions": sessions,
+    }
+    write_manifest(run_dir, data)
+    return data
+
+
+def finish_session(run_dir: str | Path, manifest: dict[str, Any], *, status: str, cells_computed: int,
+                   seconds: float, error: str | None = None) -> dict[str, Any]:
+    """Record how the current session ended (complete | interrupted | failed)."""
+    t = now()
+    manifest["status"] = status
+    manifest["finished"] = t
+    s = manifest["sessions"][-1]
+    s.update(finished=t, status=status, cells_computed=cells_computed, seconds=round(seconds, 3))
+    if error:
+        s["error"] = error[:500]
+    write_manifest(run_dir, manifest)
+    return manifest

@@ -1,0 +1,332 @@
+"""The run store: ``RUN_DIR/store.sqlite``, one row per cell, written in crash-safe transactions.
+
+Layout (schema version 1):
+
+* ``records`` — one row per cell. ``key`` (TEXT PRIMARY KEY) is the cell's content hash (see
+  :mod:`kvroute.sweep.grid`); every other column is a record field of :mod:`kvroute.records`
+  (plus whatever fields the chosen metrics add), created with ``ALTER TABLE ADD COLUMN`` the first
+  time a field appears, so ``SELECT * FROM records`` is the long-format table. Scalars are plain
+  SQLite values (booleans as 0/1). Lists of floats (per-layer vectors, ``probe_features``) are
+  little-endian float32 blobs when that is lossless, else JSON text; other lists and tables are
+  JSON text.
+* ``columns`` — (name, kind) for every record column, kind in bool | int | float | text | vector |
+  json, so readers restore the Python values exactly (:func:`decode_value`, :func:`decode_columns`).
+* ``meta`` — (key, value); ``schema_version``.
+
+Why blobs: encoding a realistic record's vectors (SmolLM2: a 576-float ``probe_features`` plus
+eight 30-layer vectors) as JSON text costs ~45 s per 100,000 records, as float32 blobs ~4 s
+(lossless check included), at a quarter of the size (``benchmarks/bookkeeping.py``).
+
+SQLite runs in WAL mode with ``synchronous=NORMAL``: a transaction is either wholly in the store
+or not at all after a crash or SIGKILL of the writer, and readers (reports, exports) never block
+the writer. Only the process that holds the run lock (:mod:`kvroute.sweep.lock`) writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvroute.errors import StoreError
+from kvroute.sweep.lock import RunLock
+
+log = logging.getLogger(__name__)
+
+STORE_NAME = "store.sqlite"
+TABLE = "records"
+SCHEMA_VERSION = "1"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FAMILY = {"bool": "bool", "int": "number", "float": "number", "text": "text", "vector": "list", "json": "list"}
+_TYPES: dict[str, frozenset[type]] = {
+    "bool": frozenset({bool}), "number": frozenset({int, float}), "text": frozenset({str}),
+    "list": frozenset({list, tuple, dict}),
+}
+
+
+def kind_of(v: Any) -> str:
+    """The column kind a (non-None) value asks for."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "text"
+    if isinstance(v, list | tuple):
+        return "vector" if v and type(v[0]) is float else "json"
+    if isinstance(v, dict):
+        return "json"
+    raise StoreError(f"cannot store a value of type {type(v).__name__} ({v!r:.60}); records hold plain Python values")
+
+
+def _plain(v: Any) -> Any:
+    """numpy/torch scalars and arrays → Python values (the slow path, for values of unexpected types)."""
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def encode_list(v: Sequence[Any] | Mapping[str, Any]) -> bytes | str:
+    """A float32 blob when every value survives float32 exactly, else JSON text."""
+    if isinstance(v, list | tuple) and v and type(v[0]) is float:
+        try:
+            blob = struct.pack(f"<{len(v)}f", *v)
+        except (struct.error, OverflowError, TypeError):
+            pass
+        else:
+            if struct.unpack(f"<{len(v)}f", blob) == tuple(v):
+                return blob
+    return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_value(kind: str, v: Any) -> Any:
+    """Undo the encoding of one stored value of a column of ``kind``."""
+    if v is None:
+        return None
+    if kind in ("vector", "json"):
+        if isinstance(v, bytes):
+            return list(struct.unpack(f"<{len(v) // 4}f", v))
+        return json.loads(v) if isinstance(v, str) else v
+    if kind == "bool":
+        return bool(v)
+    return v
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    try:
+        if readonly:
+            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        else:
+            con = sqlite3.connect(path, isolation_level=None)
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=NORMAL")
+        con.execute("PRAGMA busy_timeout=30000")
+        return con
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot open {path} as a kvroute run store ({e}); use another --out") from None
+
+
+def _column_kinds(con: sqlite3.Connection) -> dict[str, str]:
+    try:
+        return dict(con.execute("SELECT name, kind FROM columns ORDER BY rowid").fetchall())
+    except sqlite3.OperationalError:
+        return {}
+
+
+class Store:
+    """The writer of one run directory's store; holds the run lock while open.
+
+    >>> with Store.open(run_dir) as store:              # doctest: +SKIP
+    ...     done = store.keys()
+    ...     store.write(records)                        # one transaction
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / STORE_NAME
+        self._lock = RunLock(self.run_dir)
+        self._con: sqlite3.Connection | None = None
+        self._kinds: dict[str, str] = {}
+        self._sql: dict[tuple[str, ...], str] = {}
+
+    @classmethod
+    def open(cls, run_dir: str | Path) -> Store:
+        """Lock ``run_dir`` (:class:`~kvroute.errors.StoreLockedError` if another sweep has it) and open its store."""
+        store = cls(run_dir)
+        store._lock.acquire()
+        try:
+            store._con = _connect(store.path, readonly=False)
+            store._init_schema()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _init_schema(self) -> None:
+        con = self.con
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (key TEXT PRIMARY KEY NOT NULL)")
+            con.execute("CREATE TABLE IF NOT EXISTS columns (name TEXT PRIMARY KEY NOT NULL, kind TEXT NOT NULL)")
+            con.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY NOT NULL, value TEXT)")
+            con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+            con.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise StoreError(f"{self.path} is not a kvroute run store ({e}); use another --out") from None
+        (version,) = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if version != SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has store schema version {version}; this kvroute writes version "
+                             f"{SCHEMA_VERSION}. Export it with the kvroute that wrote it, or use another --out")
+        self._kinds = _column_kinds(con)
+
+    @property
+    def con(self) -> sqlite3.Connection:
+        if self._con is None:
+            raise StoreError(f"the store {self.path} is closed")
+        return self._con
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+        self._lock.release()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # reading ------------------------------------------------------------------------------------
+    def keys(self) -> set[str]:
+        return {k for (k,) in self.con.execute(f"SELECT key FROM {TABLE}")}
+
+    def count(self) -> int:
+        return int(self.con.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0])
+
+    def records(self) -> list[dict[str, Any]]:
+        return _read(self.con)
+
+    # writing ------------------------------------------------------------------------------------
+    def _add_columns(self, records: Sequence[Mapping[str, Any]]) -> None:
+        new: dict[str, str] = {}
+        for r in records:
+            for k, v in r.items():
+                if k not in self._kinds and k not in new and v is not None and k != "key":
+                    if not _NAME.match(k):
+                        raise StoreError(f"record field {k!r} is not a valid column name (letters, digits, _)")
+                    new[k] = kind_of(_plain(v) if type(v) not in _SIMPLE else v)
+        for k, kind in new.items():
+            self.con.execute(f'ALTER TABLE {TABLE} ADD COLUMN "{k}"')
+            self.con.execute("INSERT INTO columns VALUES (?, ?)", (k, kind))
+        self._kinds.update(new)
+
+    def write(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Insert ``records`` (each with a ``key``) in one transaction; returns how many were new.
+
+        A key already in the store is left as it is (INSERT OR IGNORE), so a record is never stored twice.
+        """
+        records = list(records)
+        if not records:
+            return 0
+        for r in records:
+            if not isinstance(r.get("key"), str):
+                raise StoreError(f"a record has no 'key' (fields: {', '.join(list(r)[:8])}, ...)")
+        con = self.con
+        kinds_before = dict(self._kinds)
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            self._add_columns(records)
+            cols = ("key", *(c for c in self._kinds if any(c in r for r in records)))
+            sql = self._sql.get(cols)
+            if sql is None:
+                names = ", ".join(f'"{c}"' for c in cols)
+                sql = self._sql[cols] = f"INSERT OR IGNORE INTO {TABLE} ({names}) VALUES ({', '.join('?' * len(cols))})"
+            rows = [self._row(r, cols) for r in records]
+            cur = con.executemany(sql, rows)
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            self._kinds = kinds_before
+            raise
+        return cur.rowcount
+
+    def _row(self, r: Mapping[str, Any], cols: tuple[str, ...]) -> tuple[Any, ...]:
+        out: list[Any] = [r["key"]]
+        for c in cols[1:]:
+            v = r.get(c)
+            if v is None:
+                out.append(None)
+                continue
+            kind = self._kinds[c]
+            if type(v) not in _TYPES[_FAMILY[kind]]:
+                v = _plain(v)
+                if type(v) not in _TYPES[_FAMILY[kind]]:
+                    raise StoreError(f"record field {c!r} holds {type(v).__name__} {v!r:.60} but the store's column "
+                                     f"holds {kind} values; a field must keep one type across records")
+            if kind == "bool":
+                v = int(v)
+            elif kind in ("vector", "json"):
+                v = encode_list(v)
+            out.append(v)
+        return tuple(out)
+
+    # summaries ----------------------------------------------------------------------------------
+    def summary(self, settings: str | None = None) -> list[dict[str, Any]]:
+        """Per (model, regime, press, ratio): n, mean F1, hallucination rate and mean GER (None when not measured)."""
+        have = set(self._kinds)
+        agg = ", ".join(f"AVG({c})" if c in have else "NULL" for c in ("f1", "hallucinated", "ger"))
+        where = " WHERE settings = ?" if settings is not None and "settings" in have else ""
+        keys = ("model", "regime", "press", "ratio")
+        select = ", ".join(f"{c} AS k_{c}" if c in have else f"NULL AS k_{c}" for c in keys)
+        group = ", ".join(f"k_{c}" for c in keys)
+        sql = (f"SELECT {select}, COUNT(*), {agg} FROM {TABLE}{where} GROUP BY {group} "
+               "ORDER BY k_model, k_regime, k_press != 'none', k_press, k_ratio")
+        rows = self.con.execute(sql, (settings,) if where else ()).fetchall()
+        return [dict(zip(("model", "regime", "press", "ratio", "n", "f1", "hallucination_rate", "ger"), r, strict=True))
+                for r in rows]
+
+
+_SIMPLE = frozenset({bool, int, float, str, list, tuple, dict})
+
+
+def _iter(con: sqlite3.Connection, order: str = "rowid") -> Iterator[dict[str, Any]]:
+    kinds = _column_kinds(con)
+    cur = con.execute(f"SELECT * FROM {TABLE} ORDER BY {order}")
+    names = [d[0] for d in cur.description]
+    decoders = [kinds.get(n, "text") for n in names]
+    for row in cur:
+        yield {n: (decode_value(k, v) if k in ("vector", "json", "bool") else v)
+               for n, k, v in zip(names, decoders, row, strict=True)}
+
+
+def _read(con: sqlite3.Connection, order: str = "rowid") -> list[dict[str, Any]]:
+    return list(_iter(con, order))
+
+
+def iter_records(run_dir: str | Path, *, order: str = "rowid") -> Iterator[dict[str, Any]]:
+    """Like :func:`read_records`, one record at a time (for stores too large to hold in memory)."""
+    con = _open_readonly(run_dir)
+    try:
+        yield from _iter(con, order)
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot read the run store in {run_dir}: {e}") from None
+    finally:
+        con.close()
+
+
+def _open_readonly(run_dir: str | Path) -> sqlite3.Connection:
+    path = Path(run_dir)
+    path = path / STORE_NAME if path.is_dir() else path
+    if not path.is_file():
+        raise StoreError(f"no run store at {path}; pass the --out directory of a sweep")
+    return _connect(path, readonly=True)
+
+
+def read_records(run_dir: str | Path, *, order: str = "rowid") -> list[dict[str, Any]]:
+    """Every record of a run store as Python values, read-only and without the lock (safe during a sweep)."""
+    return list(iter_records(run_dir, order=order))
+
+
+def decode_columns(con: sqlite3.Connection, df: Any) -> Any:
+    """Decode a DataFrame read with ``SELECT * FROM records`` in place, using the store's ``columns`` table.
+
+    Stores without that table (hand-made or older ones) are returned unchanged.
+    """
+    for name, kind in _column_kinds(con).items():
+        if name in df.columns and kind in ("vector", "json", "bool"):
+            df[name] = [None if v is None or (isinstance(v, float) and v != v) else decode_value(kind, v)
+                        for v in df[name]]
+    return df

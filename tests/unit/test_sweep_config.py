@@ -1,0 +1,157 @@
+"""Sweep configs: TOML/YAML loading, overrides, and errors that name the file, the key and what is allowed."""
+
+import json
+
+import pytest
+
+from kvroute.config import apply_overrides, parse_value
+from kvroute.errors import ConfigError
+from kvroute.runner import RunSettings
+from kvroute.sweep.config import load_sweep_config, settings_hash
+
+TOML = """
+name = "demo"
+models = ["smollm2-135m", {name = "qwen2.5-0.5b", dtype = "bfloat16"}]
+presses = ["expected_attention", "snapkv+adakv"]
+ratios = [0, 0.5, 0.9]
+regimes = ["agnostic", "aware"]
+seeds = [0, 1]
+metrics = ["retention", "utilization"]
+
+[[tasks]]
+family = "base"
+n = 4
+
+[[tasks]]
+file = "tasks.jsonl"
+limit = 2
+
+[decoding]
+max_new_tokens = 16
+
+[metric_settings]
+reach_kappa = 3.0
+"""
+
+YAML = """
+name: demo
+models: [smollm2-135m, {name: qwen2.5-0.5b, dtype: bfloat16}]
+presses: [expected_attention, snapkv+adakv]
+ratios: [0, 0.5, 0.9]
+regimes: [agnostic, aware]
+seeds: [0, 1]
+metrics: [retention, utilization]
+tasks:
+  - {family: base, n: 4}
+  - {file: tasks.jsonl, limit: 2}
+decoding: {max_new_tokens: 16}
+metric_settings: {reach_kappa: 3.0}
+"""
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "tasks.jsonl").write_text("")
+    return tmp_path
+
+
+def write(folder, text, name="sweep.toml"):
+    p = folder / name
+    p.write_text(text)
+    return p
+
+
+def test_toml_and_yaml_give_the_same_resolved_config(folder):
+    a = load_sweep_config(write(folder, TOML)).to_dict()
+    b = load_sweep_config(write(folder, YAML, "sweep.yaml")).to_dict()
+    a.pop("source"), b.pop("source")
+    assert a == b
+    assert a["models"][1] == {"name": "qwen2.5-0.5b", "source": "qwen2.5-0.5b", "device": None, "dtype": "bfloat16"}
+    assert a["tasks"][1]["file"] == str((folder / "tasks.jsonl").resolve())  # relative to the config file
+    assert a["decoding"]["max_new_tokens"] == 16 and a["decoding"]["batch_size"] == RunSettings().batch_size
+    assert a["metric_settings"]["reach_kappa"] == 3.0
+    json.dumps(a)  # the manifest stores it
+
+
+@pytest.mark.parametrize(("edit", "needles"), [
+    (("presses", '["expected_attention", "snapvk"]'), ["sweep.toml", "presses[1]", "did you mean 'snapkv'"]),
+    (("ratios", "[0, 0.5, 1.0]"), ["sweep.toml", "ratios[2]", "1.0", "[0, 1)"]),
+    (("ratios", "[]"), ["sweep.toml", "ratios", "empty"]),
+    (("presses", "[]"), ["sweep.toml", "presses", "empty"]),
+    (("regimes", '["agnostik"]'), ["regimes[0]", "agnostic, aware"]),
+    (("metrics", '["retention", "utilisation"]'), ["metrics[1]", "did you mean 'utilization'"]),
+    (("seeds", "[0, 0]"), ["seeds[1]", "twice"]),
+    (("models", '["smollm2"]'), ["models[0].name", "did you mean 'smollm2-135m'"]),
+    (("models", '["./no/such/folder"]'), ["models[0].name", "no such model folder"]),
+    (("models", '[{name = "smollm2-135m", dtype = "fp8"}]'), ["models[0].dtype", "bfloat16"]),
+])
+def test_bad_values_name_file_key_and_allowed_values(folder, edit, needles):
+    key, value = edit
+    text = "\n".join(f"{key} = {value}" if line.startswith(f"{key} =") else line for line in TOML.splitlines())
+    with pytest.raises(ConfigError) as e:
+        load_sweep_config(write(folder, text))
+    for n in needles:
+        assert n in str(e.value), (n, str(e.value))
+
+
+def test_missing_task_file_is_named(folder):
+    with pytest.raises(ConfigError, match=r"sweep.toml: tasks\[1\].file = 'gone.jsonl': no such task file"):
+        load_sweep_config(write(folder, TOML.replace("tasks.jsonl", "gone.jsonl")))
+
+
+def test_unknown_keys_fail_with_suggestions(folder):
+    with pytest.raises(ConfigError, match=r"unknown key 'ratio'; did you mean 'ratios'.*Allowed keys: name, models"):
+        load_sweep_config(write(folder, TOML.replace("ratios =", "ratio =")))
+    with pytest.raises(ConfigError, match=r"unknown key 'decoding.max_tokens'; did you mean 'max_new_tokens'"):
+        load_sweep_config(write(folder, TOML.replace("max_new_tokens = 16", "max_tokens = 16")))
+    with pytest.raises(ConfigError, match=r"unknown key 'tasks\[0\].famly'"):
+        load_sweep_config(write(folder, TOML.replace('family = "base"', 'famly = "base"')))
+    with pytest.raises(ConfigError, match=r"tasks\[0\].family.*did you mean 'base'"):
+        load_sweep_config(write(folder, TOML.replace('family = "base"', 'family = "bse"')))
+    with pytest.raises(ConfigError, match="missing; this key is required"):
+        load_sweep_config(write(folder, TOML.replace("models =", "# models =")))
+
+
+def test_overrides_apply_dotted_keys_and_are_named_in_errors(folder):
+    p = write(folder, TOML)
+    cfg = load_sweep_config(p, ["decoding.max_new_tokens=8", "ratios=[0, 0.25]", "tasks.0.n=2", "seeds=3"])
+    assert cfg.settings.max_new_tokens == 8 and cfg.ratios == (0.0, 0.25) and cfg.seeds == (3,)
+    assert cfg.tasks[0].spec.n == 2
+    with pytest.raises(ConfigError, match=r"sweep.toml \(with --set ratios\): ratios\[0\] = 1.5"):
+        load_sweep_config(p, ["ratios=[1.5]"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_sweep_config(p, ["ratios"])
+
+
+def test_parse_value_reads_toml_scalars_and_falls_back_to_text():
+    assert parse_value("0.5") == 0.5 and parse_value("true") is True and parse_value("[0, 0.5]") == [0, 0.5]
+    assert parse_value("snapkv+adakv") == "snapkv+adakv"
+    data, keys = apply_overrides({"a": {"b": 1}}, ["a.c=2", "x.y=z"])
+    assert data == {"a": {"b": 1, "c": 2}, "x": {"y": "z"}} and keys == ("a.c", "x.y")
+
+
+def test_settings_hash_follows_what_changes_records():
+    base = settings_hash(RunSettings())
+    assert settings_hash(RunSettings(batch_size=7)) == base  # batching does not change a record
+    assert settings_hash(RunSettings(max_new_tokens=7)) != base
+    assert settings_hash(RunSettings(metrics=("retention",))) != base
+    assert settings_hash(RunSettings(metrics=tuple(reversed(RunSettings().metrics)))) == base
+
+
+def test_duplicate_presses_after_canonicalisation_are_refused(folder):
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_sweep_config(write(folder, TOML.replace('"snapkv+adakv"', '"expected_attention+per_head"')))
+
+
+def test_the_readme_example_config_is_valid(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Sweeps"):]
+    toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "base.jsonl").write_text("")
+    cfg = load_sweep_config(write(tmp_path, toml))
+    assert cfg.name == "cliff" and len(cfg.models) == 2 and cfg.ray.address == "auto"
+    assert cfg.tasks[1].spec.target_tokens == 1024 and cfg.settings.system_prompt == "Answer from the context."
