@@ -8,6 +8,7 @@ from kvroute.tasks.families import (  # noqa: F401  (each module registers its f
     long_context,
     multi_entity,
     multi_presence,
+    niah,
 )
 from kvroute.tasks.family import FAMILIES, Family, TaskSpec, get_family
 
