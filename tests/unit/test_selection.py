@@ -74,3 +74,19 @@ def test_bad_parameters(spec, msg):
 def test_zero_budget_is_refused():
     with pytest.raises(EngineError, match="keeps 0 of 10"):
         build_selection("per_head").select(torch.rand(1, 1, 10), 0.95)
+
+
+def test_chunk_bounds_merge_a_tail_too_short_for_the_scorer():
+    from kvroute.presses.selection.chunk import chunk_bounds
+
+    assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]  # kvpress's chunks when every chunk is scorable
+    assert chunk_bounds(10, 4, min_last=3) == [(0, 4), (4, 10)]
+    assert chunk_bounds(3, 4, min_last=5) == [(0, 3)]  # a single chunk is the scorer's own precondition
+
+
+def test_press_tells_chunk_its_scorers_minimum():
+    from kvroute.presses import build_press
+
+    p = build_press("expected_attention+chunk[chunk_length=128]")
+    assert p.selection.score_variant() == ("chunk", 128, 5)  # n_sink=4: kvpress needs more than 4 tokens
+    assert p.name == "expected_attention+chunk[chunk_length=128]"

@@ -20,6 +20,7 @@ from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvroute.engine.hooks import attention_hooks, base_model
 from kvroute.presses.scorers import ScoreInputs, Scorer
+from kvroute.presses.selection.chunk import chunk_bounds
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class ScoreRequest:
 
     key: Hashable
     scorer: Scorer
-    variant: Hashable = "full"  # "full" | ("chunk", chunk_length)
+    variant: Hashable = "full"  # "full" | ("chunk", chunk_length, min_last)
     ratio: float | None = None  # only for ratio-dependent scorers
 
 
@@ -82,14 +83,14 @@ def _score_layer(req: ScoreRequest, x: ScoreInputs) -> torch.Tensor:
     ratio = req.ratio if req.ratio is not None else 0.0
     if req.variant == "full":
         return req.scorer.score(x, ratio)
-    _, chunk = req.variant  # type: ignore[misc]
+    _, chunk, min_last = req.variant  # type: ignore[misc]
     T = x.keys.shape[2]
     parts = []
-    for i in range(0, T, chunk):
-        sl = slice(i, i + chunk)
+    for i, j in chunk_bounds(T, chunk, min_last):
+        sl = slice(i, j)
         ev = None
         if x.evidence is not None:
-            ev = x.evidence[(x.evidence >= i) & (x.evidence < i + chunk)] - i
+            ev = x.evidence[(x.evidence >= i) & (x.evidence < j)] - i
         xi = ScoreInputs(x.module, x.layer_idx, x.hidden_states[:, sl], x.keys[:, :, sl], x.values[:, :, sl],
                          x.kwargs, x.attentions, ev, x.seed)
         parts.append(req.scorer.score(xi, ratio))

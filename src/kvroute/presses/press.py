@@ -31,4 +31,7 @@ class Press:
 def build_press(spec: str | PressSpec) -> Press:
     """Parse and build ``scorer[...]+selection[...]``; unknown names and parameters fail with suggestions."""
     ps = parse_press(spec) if isinstance(spec, str) else spec
-    return Press(ps, build_scorer(ps.scorer), build_selection(ps.selection))
+    scorer, selection = build_scorer(ps.scorer), build_selection(ps.selection)
+    if hasattr(selection, "min_last"):  # chunked selection: a tail chunk must be scorable
+        selection.min_last = scorer.min_tokens()
+    return Press(ps, scorer, selection)

@@ -48,6 +48,10 @@ class Scorer(ABC):
         """Called once per model before the first prefill."""
         return None
 
+    def min_tokens(self) -> int:
+        """The fewest context tokens this scorer can score (its precondition)."""
+        return 1
+
     def check(self, num_tokens: int) -> None:
         """Raise :class:`~kvroute.errors.EngineError` if a context of ``num_tokens`` cannot be scored."""
         return None

@@ -48,6 +48,9 @@ class KvpressScorer(Scorer):
     def setup(self, model: nn.Module) -> None:
         self.press.post_init_from_model(model)
 
+    def min_tokens(self) -> int:
+        return 1 if self.min_tokens_param is None else int(getattr(self, self.min_tokens_param)) + 1
+
     def check(self, num_tokens: int) -> None:
         if self.min_tokens_param is None:
             return

@@ -45,6 +45,9 @@ class _EvidenceControl(Scorer):
     def setup(self, model: nn.Module) -> None:
         self._base.setup(model)
 
+    def min_tokens(self) -> int:
+        return self._base.min_tokens()
+
     def check(self, num_tokens: int) -> None:
         self._base.check(num_tokens)
 
