@@ -199,10 +199,35 @@ def ask(
 
 @app.command()
 def demo(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model to run the demo with.")] = "smollm2-135m",
+    models: Annotated[str, typer.Option("--models", "-m", help="Comma-separated models; "
+                                        "'smollm2-135m,qwen2.5-0.5b' compares the two architectures.")] = "smollm2-135m",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory (resumed when it exists).")] = Path("runs/demo"),
+    scale: Annotated[float, typer.Option(help="Multiply the number of task instances (0.25 for a quick look).")] = 1.0,
+    tickets: Annotated[int, typer.Option(help="Lottery-ticket searches per model.")] = 2,
+    n_boot: Annotated[int, typer.Option(help="Bootstrap replicates in the report.")] = 1000,
 ) -> None:
-    """The main job: pull the default model and answer a sample in-context question with it."""
-    ask(model=model, context=SAMPLE_CONTEXT, question=SAMPLE_QUESTION, max_new_tokens=32, device=None, dtype=None)
+    """The main job: a compression study on the embedded model(s), from pulling the model to the report."""
+    from rich.markup import escape
+
+    from kvroute.demo import DEMO_PRESSES, DEMO_RATIOS, run_demo
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    console.print(f"[bold]kvroute demo[/bold]: {', '.join(names)} · presses {', '.join(DEMO_PRESSES)} · "
+                  f"ratios {', '.join(f'{r:g}' for r in DEMO_RATIOS)} → {out}")
+    for name in names:  # pull first, with its own bar
+        from kvroute.models import ZOO
+        from kvroute.models.fetch import pull
+
+        if name in ZOO:
+            pull(ZOO.get(name), progress=RichProgress())
+    res = run_demo(names, out, scale=scale, tickets=tickets, progress=_SweepProgress(), report_boot=n_boot)
+    console.print(f"\n[bold green]report:[/bold green] {res.report}")
+    console.print("[bold]headline findings[/bold]")
+    for line in res.findings:
+        console.print(f"  • {escape(line)}")
+    s = res.seconds
+    console.print(f"[dim]sweep {s['sweep'] / 60:.1f} min, tickets {s['tickets'] / 60:.1f} min, "
+                  f"report {s['report']:.0f} s[/dim]")
 
 
 @app.command()
@@ -223,15 +248,19 @@ def report(
     df = load_records(run)
     out = out or (run if run.is_dir() else run.parent) / "report"
     from kvroute.analysis.tickets import load_tickets
+    from kvroute.report.heatmap import load_survival
 
     tickets = load_tickets(run)
-    pngs = sorted(((run if run.is_dir() else run.parent) / "tickets").glob("*.png"))[:3]
+    base = run if run.is_dir() else run.parent
+    masks = sorted((base / "masks").glob("*.npz"))
+    survival = load_survival(masks[0]) if masks else None
+    pngs = sorted((base / "tickets").glob("*.png"))[:3]
     images = [(f"Ticket for instance {p.stem}: which layers and KV heads keep its evidence tokens.", p.read_bytes())
               for p in pngs]
     with err_console.status(f"analysing {len(df)} records"):
         path = build_report(df, out, manifest=load_manifest(run), title=title,
                             config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
-                            tickets=tickets, ticket_images=images)
+                            tickets=tickets, ticket_images=images, survival=survival)
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
 
 

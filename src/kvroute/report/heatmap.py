@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from matplotlib.colors import ListedColormap
@@ -99,3 +100,23 @@ def survival_heatmap(keep: np.ndarray, evidence: Sequence[int], *, tokens: Seque
                      answer: Sequence[int] = (), title: str = "") -> Figure:
     """:func:`survival_figure` straight from arrays: ``keep`` bool ``[L, Hkv, T]`` and evidence positions."""
     return survival_figure(SurvivalExample(keep, evidence, tokens=tokens, answer=answer, title=title))
+
+
+def save_survival(path: str | Path, example: SurvivalExample) -> Path:
+    """Write a keep-mask example (bit-packed) to ``path`` (``.npz``), e.g. ``RUN_DIR/masks/NAME.npz``."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(p, keep=np.packbits(example.keep), shape=np.array(example.keep.shape),
+                        evidence=np.array(example.evidence), answer=np.array(list(example.answer), dtype=int),
+                        tokens=np.array(list(example.tokens or []), dtype=str), title=np.array(example.title))
+    return p
+
+
+def load_survival(path: str | Path) -> SurvivalExample:
+    """Read a keep-mask example written by :func:`save_survival`."""
+    z = np.load(path)
+    shape = tuple(int(x) for x in z["shape"])
+    keep = np.unpackbits(z["keep"])[: int(np.prod(shape))].reshape(shape).astype(bool)
+    tokens = [str(t) for t in z["tokens"]] or None
+    return SurvivalExample(keep, [int(x) for x in z["evidence"]], tokens=tokens,
+                           answer=[int(x) for x in z["answer"]], title=str(z["title"]))

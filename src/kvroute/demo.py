@@ -1,0 +1,198 @@
+"""The main job: a compression study on the embedded default model, ending in a report.
+
+``kvroute demo`` (and ``make demo``) pulls the model(s), generates a task suite, sweeps a ratio grid
+dense near the top over the paper's pair of presses (Expected Attention with AdaKV and with chunked
+selection), classic ones and kvroute's route-preserving selection, searches token-route lottery
+tickets for a few instances, saves one instance's keep-mask for the survival heatmap, writes the
+report, and returns the headline findings. The run directory is an ordinary sweep run: re-running
+the demo resumes it, and ``kvroute report RUN_DIR`` redraws the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvroute.progress import SILENT, Progress
+
+log = logging.getLogger(__name__)
+
+DEMO_RATIOS = (0.0, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
+DEMO_PRESSES = (
+    "expected_attention+adakv",  # the paper's pair ...
+    "expected_attention+chunk[chunk_length=128]",  # ... (chunks scaled to CPU-sized contexts)
+    "expected_attention",  # per-head top-k
+    "expected_attention+routes",  # kvroute's route-preserving selection
+    "snapkv",
+    "streaming_llm",
+)
+#: (family, difficulty, instances) of the default suite; contexts stay short except long_context
+DEMO_FAMILIES = (("base", 1, 12), ("knowledge", 1, 6), ("multi_entity", 1, 6), ("multi_presence", 1, 6),
+                 ("coreference", 1, 6), ("hops", 1, 6))
+#: long_context at four lengths spanning 10x, for α* against context length
+DEMO_LENGTHS = ((160, 6), (320, 6), (640, 6), (1600, 4))
+SURVIVAL_PRESS, SURVIVAL_RATIO = "expected_attention+adakv", 0.9
+
+
+def demo_config(models: Sequence[str], *, scale: float = 1.0, seed: int = 0) -> dict[str, Any]:
+    """The sweep config (as a mapping) of the demo; ``scale`` multiplies the instance counts."""
+    def n(k: int) -> int:
+        return max(1, round(k * scale))
+
+    tasks: list[dict[str, Any]] = [{"family": f, "difficulty": d, "n": n(k), "seed": seed} for f, d, k in DEMO_FAMILIES]
+    tasks += [{"family": "long_context", "difficulty": 1, "n": n(k), "seed": seed, "target_tokens": t}
+              for t, k in DEMO_LENGTHS]
+    return {
+        "name": "demo", "models": list(models), "tasks": tasks, "presses": list(DEMO_PRESSES),
+        "ratios": list(DEMO_RATIOS), "regimes": ["agnostic"], "seeds": [seed],
+        "decoding": {"max_new_tokens": 20, "batch_size": 64},
+    }
+
+
+@dataclass
+class DemoResult:
+    run_dir: Path
+    report: Path
+    seconds: dict[str, float]
+    findings: list[str]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _save_survival(run_dir: Path, lm: Any, instance: Any) -> Path:
+    """One instance's keep-mask under the survival press and ratio, for the report's heatmap."""
+    from kvroute.engine.prefill import ScoreRequest, prefill
+    from kvroute.presses import build_press
+    from kvroute.report.heatmap import SurvivalExample, save_survival
+    from kvroute.tasks.prompt import build_prompt
+
+    prompt = build_prompt(lm.tokenizer, instance)
+    press = build_press(SURVIVAL_PRESS)
+    press.scorer.setup(lm.model)
+    req = ScoreRequest("s", press.scorer, press.selection.score_variant(),
+                       SURVIVAL_RATIO if press.scorer.ratio_dependent else None)
+    pre = prefill(lm.model, prompt.context_ids, [req])
+    mask = press.keep_mask(pre.scores["s"], SURVIVAL_RATIO).mask.cpu().numpy()
+    ev = [p for p in prompt.evidence_positions if p < prompt.n_context]
+    ans = [p for p in prompt.answer_positions if p < prompt.n_context]
+    tokens = [lm.tokenizer.decode([t]) for t in prompt.context_ids]
+    title = f"{lm.name}, instance {instance.id} ({instance.family}): {SURVIVAL_PRESS} at ratio {SURVIVAL_RATIO}"
+    return save_survival(run_dir / "masks" / f"{lm.name}-{instance.id}.npz",
+                         SurvivalExample(mask, ev, tokens=tokens, answer=ans, title=title))
+
+
+def run_tickets(run_dir: Path, lm: Any, instances: Sequence[Any], *, max_evaluations: int = 120,
+                progress: Progress = SILENT) -> int:
+    """Search tickets for ``instances`` (skipping those the full cache answers wrongly); append to tickets.jsonl."""
+    from kvroute.errors import EngineError
+    from kvroute.report.heatmap import survival_heatmap
+    from kvroute.report.render import png_bytes
+    from kvroute.tickets import TicketSettings, find_ticket
+
+    done = 0
+    (run_dir / "tickets").mkdir(parents=True, exist_ok=True)
+    for inst in instances:
+        try:
+            tk = find_ticket(lm, inst, settings=TicketSettings(max_evaluations=max_evaluations), progress=progress)
+        except EngineError as e:
+            log.info("no ticket for %s: %s", inst.id, e)
+            continue
+        s = tk.summary()
+        with (run_dir / "tickets.jsonl").open("a") as f:
+            f.write(json.dumps({"model": lm.name, "target": "gold", "family": inst.family, **s}) + "\n")
+        if tk.evidence:
+            fig = survival_heatmap(tk.mask.mask.cpu().numpy(), tk.evidence, answer=tk.answer_positions,
+                                   title=f"{lm.name}: ticket for {inst.id} ({100 * s['fraction']:.2f}% of the cache)")
+            (run_dir / "tickets" / f"{lm.name}-{inst.id}.png").write_bytes(png_bytes(fig))
+        done += 1
+    return done
+
+
+def findings(summary: dict[str, Any], seconds: float) -> list[str]:
+    """Plain-language headline findings from a report's summary.json."""
+    lines = []
+    for row in summary.get("headline", []):
+        a, ci = row.get("alpha_star"), row.get("alpha_star_ci") or [None, None]
+        cliff = (f"α* = {a:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if a is not None and None not in ci
+                 else f"α* = {a:.3f}" if a is not None else f"no cliff located ({row.get('cliff_status')})")
+        r = row.get("ger_pearson_r")
+        safe = row.get("safe_ratio")
+        lines.append(f"{row['model']} · {row['press']}: {cliff}; safe ratio {safe if safe is not None else '–'}; "
+                     f"GER–hallucination r = {r:.2f}" if r is not None else
+                     f"{row['model']} · {row['press']}: {cliff}; safe ratio {safe if safe is not None else '–'}")
+    for prof in _consensus_shapes(summary):
+        lines.append(prof)
+    lines.append(f"wall time: {seconds / 60:.1f} min")
+    return lines
+
+
+def _consensus_shapes(summary: dict[str, Any]) -> list[str]:
+    """Where each model's heads agree: mean Consensus(ℓ) over the first and last third of layers (full cache)."""
+    rows = summary.get("consensus_profiles") or []
+    out = []
+    by_model: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if float(r.get("ratio", 1)) == 0.0 and r.get("value") is not None:
+            by_model.setdefault(r["model"], {})[int(r["layer"])] = float(r["value"])
+    for model, prof in sorted(by_model.items()):
+        layers = sorted(prof)
+        k = max(1, len(layers) // 3)
+        early = float(np.mean([prof[i] for i in layers[:k]]))
+        late = float(np.mean([prof[i] for i in layers[-k:]]))
+        shape = ("heads agree early and diversify late" if early < late else "heads converge late (funnel)"
+                 if late < early else "flat")
+        out.append(f"{model}: consensus {early:.2f} in the first third of layers, {late:.2f} in the last — {shape}")
+    return out
+
+
+def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, tickets: int = 2,
+             progress: Progress = SILENT, report_boot: int = 1000) -> DemoResult:
+    """Run the whole study into ``run_dir`` (resuming it if it exists) and write its report."""
+    from kvroute.analysis.load import load_manifest, load_records
+    from kvroute.analysis.summary import AnalysisConfig
+    from kvroute.analysis.tickets import load_tickets
+    from kvroute.models import load_model
+    from kvroute.report.build import build_report
+    from kvroute.report.heatmap import load_survival
+    from kvroute.sweep import plan_sweep, run_sweep, sweep_config_from_mapping
+
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    cfg = sweep_config_from_mapping(demo_config(models, scale=scale), source="kvroute demo")
+    seconds: dict[str, float] = {}
+    run_sweep(cfg, run_dir, resume=True, progress=progress)
+    seconds["sweep"] = time.perf_counter() - t0
+    # the instances the sweep used, per model, to pick ticket and survival examples
+    plan = plan_sweep(cfg)
+    t1 = time.perf_counter()
+    have = set(load_tickets(run_dir).get("instance_id", [])) if (run_dir / "tickets.jsonl").exists() else set()
+    survival = None
+    for spec in cfg.models:
+        insts = [u.instance for u in plan.units if u.model == spec.name and u.instance.family == "base"]
+        if not insts:
+            continue
+        lm = load_model(spec.name, device=spec.device, dtype=spec.dtype or "float32")
+        mask_file = _save_survival(run_dir, lm, insts[0])
+        if survival is None:
+            survival = mask_file
+        todo = [i for i in insts if i.id not in have][: max(0, tickets)]
+        if todo and tickets:
+            run_tickets(run_dir, lm, todo, progress=progress)
+    seconds["tickets"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    df = load_records(run_dir)
+    pngs = sorted((run_dir / "tickets").glob("*.png"))[:3] if (run_dir / "tickets").exists() else []
+    report = build_report(df, run_dir / "report", manifest=load_manifest(run_dir), title="kvroute demo study",
+                          survival=load_survival(survival) if survival else None,
+                          config=AnalysisConfig(n_boot=report_boot), tickets=load_tickets(run_dir),
+                          ticket_images=[(f"Token-route lottery ticket {p.stem}.", p.read_bytes()) for p in pngs])
+    seconds["report"] = time.perf_counter() - t2
+    seconds["total"] = time.perf_counter() - t0
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    return DemoResult(run_dir, report, seconds, findings(summary, seconds["total"]), summary)

@@ -1,0 +1,46 @@
+"""The main job's pipeline end to end on a tiny model saved as a folder (the real demo uses SmolLM2)."""
+
+import json
+
+import pytest
+
+from kvroute.demo import DEMO_PRESSES, DEMO_RATIOS, demo_config, run_demo
+from kvroute.models import tiny_model
+from kvroute.sweep import sweep_config_from_mapping
+
+
+def test_demo_config_is_a_valid_sweep_with_the_required_presses():
+    cfg = sweep_config_from_mapping(demo_config(["smollm2-135m"]), source="demo")
+    assert {"expected_attention+adakv", "snapkv", "streaming_llm"} <= set(cfg.presses)
+    assert any(p.startswith("expected_attention+chunk") for p in cfg.presses)
+    assert list(cfg.ratios) == list(DEMO_RATIOS) and 0.98 in cfg.ratios
+    lengths = sorted(t.spec.target_tokens for t in cfg.tasks if t.spec and t.spec.family == "long_context")
+    assert len(lengths) >= 4 and lengths[-1] >= 10 * lengths[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    lm = tiny_model("llama", seed=0)
+    lm.model.save_pretrained(d, safe_serialization=True)
+    lm.tokenizer.save_pretrained(d)
+    return d
+
+
+def test_demo_runs_end_to_end_and_resumes(tiny_folder, tmp_path, monkeypatch):
+    import kvroute.demo as demo
+
+    # a smaller grid for the test: two presses, four ratios, one instance per family
+    monkeypatch.setattr(demo, "DEMO_PRESSES", DEMO_PRESSES[:1] + ("snapkv[window_size=16]",))
+    monkeypatch.setattr(demo, "DEMO_RATIOS", (0.0, 0.5, 0.9, 0.98))
+    monkeypatch.setattr(demo, "DEMO_LENGTHS", ((160, 1), (320, 1)))
+    res = run_demo([str(tiny_folder)], tmp_path / "run", scale=0.01, tickets=1, report_boot=50)
+    assert res.report.is_file()
+    html = res.report.read_text()
+    assert "fig-cliff" in html and "fig-survival" in html
+    summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
+    assert summary["n_records"] > 0 and summary["headline"]
+    assert any("wall time" in line for line in res.findings)
+    assert list((tmp_path / "run" / "masks").glob("*.npz"))
+    again = run_demo([str(tiny_folder)], tmp_path / "run", scale=0.01, tickets=1, report_boot=50)
+    assert again.summary["n_records"] == summary["n_records"]  # resumed: nothing recomputed or duplicated
