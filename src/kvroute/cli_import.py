@@ -191,12 +191,14 @@ def import_summary_table(res: Any) -> Table:
     from kvroute.tasks.importers import TaskCounts
 
     cols = [f.name for f in fields(TaskCounts)]
+    labels = {"instances": "written", "with_spans": "spans found", "evidence_none": "evidence none",
+              "skipped_too_long": "too long (skipped)", "duplicates": "dupes"}
     title = f"imported {res.source} ({res.layout} layout)"
     if res.max_tokens is not None:
         title += f", window {res.max_tokens} tokens ({res.tokens_counted_with})"
     t = Table(title=title)
     for c in cols:
-        t.add_column(c.replace("_", " "), justify="left" if c == "task" else "right")
+        t.add_column(labels.get(c, c), justify="left" if c == "task" else "right", overflow="fold")
     rows = list(res.summary) + ([res.totals()] if len(res.summary) > 1 else [])
     for c in rows:
         d = c.as_dict()

@@ -36,7 +36,7 @@ def test_niah_ruler_file_imports_with_a_summary(tmp_path, tiny_tok):
     tasks = tmp_path / "tasks.jsonl"
     out = runner.invoke(app, ["tasks", "import", str(ruler), "--out", str(tasks), "--family", "niah"])
     assert out.exit_code == 0, out.output
-    assert "ruler layout" in out.output and "with spans" in out.output and "evidence none" in out.output
+    assert "ruler layout" in out.output and "spans found" in out.output and "evidence none" in out.output
     line = next(ln for ln in out.output.splitlines() if ln.strip().startswith("│ niah"))
     assert [c.strip() for c in line.split("│")[1:-1]] == ["niah", "8", "8", "8", "0", "0", "0", "0"]
     assert len(load_tasks(tasks)) == 8
@@ -80,3 +80,28 @@ def test_grid_table_from_records(tmp_path):
     assert "press snapkv" in out.output and "ratio 0.50" in out.output
     # instance 3 (length 400, depth 1): GER 0.75, wrong, unreachable
     assert "0.00 · 0.75 · 0.00 (1.00)" in out.output and "1.00 · 0.00 · 1.00 (1.00)" in out.output
+
+
+def test_grid_by_evidence_counts_evidence_none_apart(tmp_path):
+    src = tmp_path / "k.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"context": "The code is 4471.", "question": "Code?", "answer": "4471"},
+        {"context": "No code here.", "question": "Code?", "answer": "9999"}]))
+    tasks = tmp_path / "t.jsonl"
+    assert runner.invoke(app, ["tasks", "import", str(src), "--out", str(tasks)]).exit_code == 0
+    a, b = load_tasks(tasks)
+    recs = [{"instance_id": a.id, "press": "snapkv", "ratio": 0.5, "outcome": "correct", "f1": 1.0, "ger": 0.5,
+             "reachable": True, "routed_reachable": True},
+            {"instance_id": b.id, "press": "snapkv", "ratio": 0.5, "outcome": "fabricated", "f1": 0.0, "ger": None,
+             "reachable": None, "routed_reachable": None}]
+    rec_file = tmp_path / "records.jsonl"
+    rec_file.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    from kvroute.analysis.grid import meta_table
+    from kvroute.analysis.load import load_records
+
+    table = meta_table(load_records(rec_file), [a, b], ["evidence"])
+    assert table.set_index("evidence")["no_evidence"].to_dict() == {"located": 0, "none": 1}
+    assert table.set_index("evidence")["ger"].to_dict()["located"] == 0.5
+    out = runner.invoke(app, ["tasks", "grid", str(rec_file), "--tasks", str(tasks), "--by", "evidence"])
+    assert out.exit_code == 0, out.output
+    assert "1.00 · 0.50 · 1.00 (1.00)" in out.output and "0.00 · — · — (—) [1 no-ev]" in out.output

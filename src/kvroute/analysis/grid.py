@@ -8,7 +8,8 @@ file's meta (``target_length``, ``depth``, ``evidence``, ...) onto the records a
 - ``ger``, ``reachable``, ``routed_reachable``: means over the records where they are defined;
 - ``no_evidence``: records of instances whose answers occur nowhere in the context
   (``meta["evidence"] == "none"``, imported data) — their GER and reachability are undefined, so
-  they count in ``n``/``accuracy`` but not in the routing means.
+  they count in ``n``/``accuracy`` but not in the routing means. Group by ``evidence`` to see them
+  apart (``kvroute tasks grid RECORDS --tasks FILE --by evidence``).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def meta_frame(instances: Sequence[Any], keys: Sequence[str]) -> pd.DataFrame:
     for inst in instances:
         row = {"instance_id": inst.id, "evidence": inst.meta.get("evidence", "located" if inst.answer_spans
                                                                   else "none")}
-        row.update({k: inst.meta.get(k) for k in keys})
+        row.update({k: inst.meta.get(k) for k in keys if k != "evidence"})
         rows.append(row)
-    return pd.DataFrame(rows, columns=["instance_id", "evidence", *keys])
+    return pd.DataFrame(rows, columns=["instance_id", "evidence", *[k for k in keys if k != "evidence"]])
 
 
 def meta_table(records: pd.DataFrame, instances: Sequence[Any], keys: Sequence[str] = GRID_KEYS) -> pd.DataFrame:
