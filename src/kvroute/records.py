@@ -28,6 +28,9 @@ TASK_FIELDS: dict[str, str] = {
     "unanswerable": "bool: gold answer is 'I don't know'",
     "context_tokens": "T: number of context tokens the press may compress",
     "difficulty": "generator difficulty level (int) or null",
+    "evidence": "'located' or 'none' (no answer occurrence found in the context: GER undefined, counted apart)",
+    "depth": "needle / fact depth in [0, 1] when the generator records one (niah, long_context), else null",
+    "target_length": "the generator's requested context length in tokens, when it records one, else null",
 }
 
 # Press bookkeeping ----------------------------------------------------------------------------------

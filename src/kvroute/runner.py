@@ -52,6 +52,11 @@ def task_fields(instance: Any, prompt: Any) -> dict[str, Any]:
         "question_type": instance.question_type, "unanswerable": instance.unanswerable,
         "context_tokens": prompt.n_context, "difficulty": instance.meta.get("difficulty"),
         "gold": list(instance.answers),
+        # "none" when no answer occurrence could be located in the context (imported data): GER is undefined
+        "evidence": "none" if (instance.meta.get("evidence") == "none" or not prompt.answer_positions)
+        and not instance.unanswerable else "located",
+        "depth": instance.meta.get("depth"),
+        "target_length": instance.meta.get("target_length") or instance.meta.get("target_tokens"),
     }
 
 

@@ -127,6 +127,8 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
     summary = {
         "kvroute_version": __version__,
         "n_records": len(df), "n_instances": int(df["instance_id"].nunique()),
+        "n_instances_evidence_none": (int(df.loc[df["evidence"] == "none", "instance_id"].nunique())
+                                      if "evidence" in df.columns else 0),
         "models": sorted(df["model"].unique()), "presses": sorted(df["press"].unique()),
         "regimes": sorted(df["regime"].unique()), "families": sorted(df["family"].unique()),
         "ratios": sorted(float(r) for r in df["ratio"].unique()),

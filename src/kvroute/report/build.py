@@ -72,7 +72,10 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
     baseline_note = " ('none' = the uncompressed baseline)" if "none" in s["presses"] else ""
     body = [
         h.section("run", "Run", h.paragraph(
-            f"{s['n_records']} cell records over {s['n_instances']} instances; models: {', '.join(s['models'])}; "
+            f"{s['n_records']} cell records over {s['n_instances']} instances"
+            + (f" ({s['n_instances_evidence_none']} with no answer located in the context: GER undefined, left out "
+               "of the retention statistics)" if s.get("n_instances_evidence_none") else "")
+            + f"; models: {', '.join(s['models'])}; "
             f"presses: {', '.join(s['presses'])}{baseline_note}; regimes: {', '.join(s['regimes'])}; families: {', '.join(s['families'])}; "
             f"ratios: {', '.join(f'{r:g}' for r in s['ratios'])}."), h.manifest_table(manifest)),
         h.section("headline", "Headline numbers", h.paragraph(
