@@ -31,6 +31,7 @@ from kvroute.models import load_model
 from kvroute.tasks import FAMILIES, TaskSpec, build_prompt, generate_tasks, get_family
 
 MODELS = ("smollm2-135m", "qwen2.5-0.5b")
+SEVEN = ("base", "knowledge", "multi_presence", "multi_entity", "coreference", "long_context", "hops")
 THRESHOLDS = {"qwen2.5-0.5b": 0.7, "smollm2-135m": 0.5}  # the bar each model must reach at some level
 
 
@@ -41,12 +42,14 @@ def score(prediction: str, instance) -> float:  # noqa: ANN001 - TaskInstance
 
 
 def answer_text(tokenizer, ids: list[int]) -> str:  # noqa: ANN001
+    """The decoded answer's first line (small models sometimes ramble on after it)."""
     text = tokenizer.decode(ids, skip_special_tokens=True)
     return text.strip().split("\n")[0].strip()
 
 
 def run(args: argparse.Namespace) -> dict[tuple[str, str, int], tuple[float, int, float]]:
     results: dict[tuple[str, str, int], tuple[float, int, float]] = {}
+    args.split = {}  # (model, family, level) -> (answerable F1, n answerable, abstention rate, n unanswerable)
     answers_f = open(args.answers, "w", encoding="utf-8") if args.answers else None
     torch.set_num_threads(args.threads) if args.threads else None
     for model_name in args.models:
@@ -59,12 +62,14 @@ def run(args: argparse.Namespace) -> dict[tuple[str, str, int], tuple[float, int
                 tasks = generate_tasks(spec, lm.tokenizer)
                 t0 = time.perf_counter()
                 scores = []
+                ans, una = [], []
                 for inst in tasks:
-                    prompt = build_prompt(lm.tokenizer, inst, regime="agnostic")
+                    prompt = build_prompt(lm.tokenizer, inst, regime="agnostic", answer_prefix=args.answer_prefix)
                     out = greedy_generate(lm, prompt.input_ids, max_new_tokens=args.max_new_tokens)
                     pred = answer_text(lm.tokenizer, out)
                     s = score(pred, inst)
                     scores.append(s)
+                    (una if inst.unanswerable else ans).append(s)
                     if answers_f:
                         answers_f.write(json.dumps({
                             "model": model_name, "family": family, "difficulty": level, "id": inst.id,
@@ -75,6 +80,9 @@ def run(args: argparse.Namespace) -> dict[tuple[str, str, int], tuple[float, int
                 dt = time.perf_counter() - t0
                 mean = sum(scores) / len(scores)
                 results[(model_name, family, level)] = (mean, len(scores), dt)
+                if una:
+                    args.split[(model_name, family, level)] = (sum(ans) / max(len(ans), 1), len(ans),
+                                                               sum(una) / len(una), len(una))
                 print(f"{model_name:14s} {family:15s} level {level}: F1 {mean:.3f} (n={len(scores)}, {dt:.0f} s)",
                       file=sys.stderr, flush=True)
         del lm
@@ -100,6 +108,12 @@ def table(results: dict[tuple[str, str, int], tuple[float, int, float]], args: a
             verdict = "—" if bar is None else (f"≥ {bar} ✓" if best >= bar else f"< {bar} ✗")
             row = [f"{cells[lv]:.2f}" if lv in cells else "" for lv in levels]
             lines.append(f"| `{f}` | {m} | " + " | ".join(row) + f" | {best:.2f} | {verdict} |")
+    if args.split:
+        lines += ["", "Items with unanswerable questions, split: F1 on answerable items / share of unanswerable items "
+                      "answered with an abstention (n answerable / n unanswerable).", "",
+                  "| family | model | level | answerable F1 | abstained when unanswerable |", "|---|---|---|---|---|"]
+        for (m, f, lv), (fa, na, ab, nu) in sorted(args.split.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+            lines.append(f"| `{f}` | {m} | {lv} | {fa:.2f} (n={na}) | {ab:.2f} (n={nu}) |")
     return "\n".join(lines)
 
 
@@ -107,25 +121,29 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--families", nargs="+", default=None, help="default: all registered families")
-    p.add_argument("--levels", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--levels", nargs="+", type=int, default=[1, 2, 3, 4], help="levels a family lacks are skipped")
     p.add_argument("--n", type=int, default=24, help="instances per family and level")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=20)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--answer-prefix", default="Answer:",
+                   help="appended after the chat template (kvpress's answer_prefix); keeps small models terse")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--out", default=str(Path(__file__).with_name("CALIBRATION.md")))
     p.add_argument("--answers", default="", help="write every answer to this JSONL file")
     args = p.parse_args()
     get_family("base")  # registers the families
-    args.families = args.families or FAMILIES.names()
+    args.families = args.families or [f for f in FAMILIES.names() if f in SEVEN]
     logging.basicConfig(level=logging.WARNING)
     t0 = time.perf_counter()
     results = run(args)
     md = table(results, args)
     cmd = "python benchmarks/calibrate_tasks.py " + " ".join(sys.argv[1:])
+    versions = ", ".join(f"{f} v{get_family(f).VERSION}" for f in args.families)
     doc = (f"# Task calibration: full-cache F1 per family and level\n\n"
            f"Produced by `{cmd.strip()}` ({args.n} instances per cell, seed {args.seed}, {args.dtype}, greedy, "
-           f"max {args.max_new_tokens} new tokens, question-agnostic prompt, CPU; "
+           f"max {args.max_new_tokens} new tokens, question-agnostic prompt, answer prefix {args.answer_prefix!r}, "
+           f"CPU; family versions {versions}; "
            f"{(time.perf_counter() - t0) / 60:.0f} min). Unanswerable items score 1 for an abstention.\n\n"
            f"{md}\n")
     print(md)

@@ -142,7 +142,7 @@ def test_target_tokens_estimated_and_measured(target, tiny_tok):
             n = count(t.context)
             assert t.meta["context_tokens"] == n
             # within one filler sentence of the target, or the facts alone are already longer
-            assert abs(n - target) <= max(20, 0.03 * target) or (t.meta["filler_sentences"] == 0 and n > target)
+            assert abs(n - target) <= max(30, 0.04 * target) or (t.meta["filler_sentences"] == 0 and n > target)
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])

@@ -9,6 +9,7 @@ cycle through the family's valid combinations in a seeded order, so even small `
 from __future__ import annotations
 
 import random
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -169,7 +170,8 @@ class Family(ABC):
         lay = assemble(draft, rng=rng, target_tokens=target, depth=depth, count=count)
         answers = [IDK] if draft.unanswerable else _dedupe(draft.answers)
         spans = () if draft.unanswerable else find_answer_spans(lay.context, answers, lay.evidence_spans)
-        distractors = [d for d in _dedupe(draft.distractors) if d in lay.context and not _contains_any(d, answers)]
+        distractors = [d for d in _dedupe(draft.distractors)
+                       if _occurs(d, lay.context) and not _contains_any(d, answers)]
         meta: dict[str, Any] = {"difficulty": spec.difficulty, "index": index, "distractors": k, **draft.meta}
         if target is not None:
             meta.update(target_tokens=target, depth=lay.depth, filler_sentences=lay.n_filler,
@@ -186,6 +188,11 @@ class Family(ABC):
                 "answer_types": list(self.answer_types), "question_types": list(self.question_types),
                 "max_distractors": self.max_distractors, "unanswerable": self.has_unanswerable,
                 "knobs": list(TaskSpec.__dataclass_fields__)[1:]}
+
+
+def _occurs(value: str, context: str) -> bool:
+    """Whether ``value`` occurs in ``context`` as whole words ("5" does not occur in "54 coins")."""
+    return re.search(r"(?<!\w)" + re.escape(value) + r"(?!\w)", context) is not None
 
 
 def _contains_any(value: str, answers: list[str]) -> bool:

@@ -17,7 +17,7 @@ from kvroute.tasks.people import choose_relations, derived, fill, manipulation, 
 from kvroute.tasks.relations import BY_TYPE, MANIPULABLE_TYPES
 from kvroute.tasks.text import Draft, Sentence
 
-VERSION = 1
+VERSION = 2
 _ATTRIBUTES = {1: 3, 2: 5, 3: 7}
 
 

@@ -21,7 +21,7 @@ from kvroute.tasks.people import choose_relations, derived, manipulation, state
 from kvroute.tasks.relations import MANIPULABLE_TYPES, Relation
 from kvroute.tasks.text import Draft, Sentence, render
 
-VERSION = 1
+VERSION = 2
 _FACTS = {1: 2, 2: 3, 3: 4}
 _PLACES = ("the harbour", "the market", "the library", "a wedding", "the railway station", "a village dance")
 _INTERACTIONS = ("{p} waved to {o}.", "{p} asked {o} for directions.", "{p} laughed at one of {op} jokes.",

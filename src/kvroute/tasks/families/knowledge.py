@@ -16,7 +16,7 @@ from kvroute.tasks.people import choose_relations, derived, fill, manipulation, 
 from kvroute.tasks.relations import MANIPULABLE_TYPES
 from kvroute.tasks.text import Draft
 
-VERSION = 1
+VERSION = 2
 _ATTRIBUTES = {1: 4, 2: 6, 3: 8}
 
 

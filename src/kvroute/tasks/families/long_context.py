@@ -16,7 +16,7 @@ from kvroute.tasks.people import choose_relations, derived, manipulation, state
 from kvroute.tasks.relations import MANIPULABLE_TYPES
 from kvroute.tasks.text import Draft
 
-VERSION = 1
+VERSION = 2
 _TARGET = {1: 200, 2: 800, 3: 2400}
 
 
@@ -26,9 +26,9 @@ class LongContext(Family):
     VERSION = VERSION
     summary = "Facts about several people buried in long filler; length in tokens and evidence depth are knobs."
     levels = {
-        1: f"about {_TARGET[1]} tokens (~150 words), 3 people",
-        2: f"about {_TARGET[2]} tokens, 5 people",
-        3: f"about {_TARGET[3]} tokens, 7 people",
+        1: f"about {_TARGET[1]} tokens (~150 words); 2 people with the asked attribute",
+        2: f"about {_TARGET[2]} tokens; 2 people",
+        3: f"about {_TARGET[3]} tokens; 2 people",
     }
     max_distractors = 12  # other people with the same attribute
     always_filler = True
@@ -37,7 +37,7 @@ class LongContext(Family):
         return ("Standard",)
 
     def level_distractors(self, difficulty: int) -> int:
-        return 2 * difficulty
+        return 1  # only the length changes between levels; raise competition with --distractors
 
     def level_target_tokens(self, difficulty: int) -> int | None:
         return _TARGET[difficulty]

@@ -18,7 +18,7 @@ from kvroute.tasks.people import choose_relations, derived, fill, manipulation, 
 from kvroute.tasks.relations import MANIPULABLE_TYPES, Relation
 from kvroute.tasks.text import Draft, Sentence
 
-VERSION = 1
+VERSION = 2
 _ATTRIBUTES = {1: 2, 2: 3, 3: 4}
 _LINKS = ("neighbours", "cousins", "colleagues", "old classmates", "business partners")
 

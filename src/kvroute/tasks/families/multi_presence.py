@@ -8,8 +8,10 @@ mentioned twice: once as the receiver, once as the giver. Questions must pick th
     reverse  Q: Who paid Tobin Hale?              A: Maren Oskvold  (distractor: Liss Varnell)
     link     Q: How many coins did Tobin Hale pay Liss Varnell?   A: 17   (distractor: 40)
 
-Chains of people, towns (a ship's voyages), organisations and creatures cover the entity answer
-types; the link's own value covers Date/Time, Numeral, Thing and Event.
+Chains of people, towns (voyages, roads), organisations and creatures cover the entity answer
+types; the link's own value covers Date/Time, Numeral, Thing and Event. At level 1 neighbouring
+links are of different kinds (a payment, then a letter), so the verb tells the two mentions
+apart; from level 2 all links are of one kind and only the direction does.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kvroute.tasks.lexicon import Draw, article
 from kvroute.tasks.relations import Manipulation, _first, _material, _month, _plus_one, _year
 from kvroute.tasks.text import Draft, Sentence, render
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,19 @@ _KINDS: tuple[ChainKind, ...] = (
               "Which organization did the organization challenged by the {a} challenge?"),
     ChainKind("Creature", None, "The {a} hunts the {b}.", "What does the {a} hunt?", "What hunts the {b}?", None,
               "What does the creature hunted by the {a} hunt?"),
+    # second kinds per entity type: level 1 mixes kinds, so the verb tells the two mentions apart
+    ChainKind("Location", "Numeral", "A road of {x} miles runs from {a} to {b}.",
+              "Where does the road from {a} lead?", "From which town does a road lead to {b}?",
+              "How many miles long is the road from {a} to {b}?",
+              "Where does the road from the town that the road from {a} reaches lead?",
+              (Manipulation("If the road from {a} to {b} were one mile longer, how many miles long would it be?",
+                            _plus_one),)),
+    ChainKind("Organization", "Date/Time", "The {a} bought the {b} on {x}.", "Which organization did the {a} buy?",
+              "Which organization bought the {b}?", "On what date did the {a} buy the {b}?",
+              "Which organization did the organization bought by the {a} buy?",
+              (Manipulation("In which year did the {a} buy the {b}?", _year),)),
+    ChainKind("Creature", None, "The {a} is afraid of the {b}.", "What is the {a} afraid of?",
+              "What is afraid of the {b}?", None, "What is the creature feared by the {a} afraid of?"),
 )
 _PERSON_MANIPS = (Manipulation("What is the first name of the person {a} paid?", _first),)
 
@@ -70,9 +85,9 @@ class MultiPresence(Family):
     VERSION = VERSION
     summary = "One entity mentioned several times in different roles (chains of links); forward and reverse questions."
     levels = {
-        1: "a chain of 2 links in reading order; Standard questions (forward, reverse, link value)",
-        2: "4 links in shuffled order; + Manipulated",
-        3: "6 links in shuffled order; + Part (two links along the chain)",
+        1: "2 links of different kinds (the verb tells the mentions apart), reading order; Standard questions",
+        2: "4 links of one kind in shuffled order (only the direction tells them apart); + Manipulated",
+        3: "6 links of one kind, shuffled; + Part (two links along the chain)",
     }
     max_distractors = 8  # extra links beyond the minimum two
 
@@ -92,7 +107,7 @@ class MultiPresence(Family):
         n_links = 2 + distractors
         manip_person = question_type == "Manipulated" and answer_type == "Person"
         if manip_person:
-            kinds = [k for k in _KINDS if k.value == "Numeral"]
+            kinds = [k for k in _KINDS if k.value == "Numeral" and k.entity == "Person"]
         elif question_type == "Standard":
             kinds = [k for k in _KINDS if k.entity == answer_type or k.value == answer_type]
         elif question_type == "Manipulated":
@@ -101,41 +116,57 @@ class MultiPresence(Family):
             kinds = [k for k in _KINDS if k.entity == answer_type]
         kind = rng.choice(kinds)
         nodes = draw.values(kind.entity, n_links + 1)
-        values = draw.values(kind.value, n_links) if kind.value else [""] * n_links
-        links = [(nodes[i], nodes[i + 1], values[i]) for i in range(n_links)]
-        sentences = [render(kind.statement, {"a": a, "b": b, "x": x, "ax": article(x) if x else ""})
-                     for a, b, x in links]
+        # the link the question is about (for Part: the first of two); its kind is the chosen one
+        if question_type == "Part":
+            i = rng.randrange(n_links - 1)
+        else:
+            i = rng.randrange(1, n_links)  # a link whose giver is also a receiver: two presences
+        direction = None
+        if question_type != "Part":
+            if kind.value == answer_type and not manip_person:
+                direction = "link"
+            else:
+                direction = "forward" if (manip_person or rng.random() < 0.5) else "reverse"
+        asked_link = i - 1 if direction == "reverse" else i
+        kinds_of = [kind] * n_links
+        if spec.difficulty == 1:  # neighbouring links of another kind over the same entity type
+            other = [k for k in _KINDS if k.entity == kind.entity and k is not kind]
+            kinds_of = [kind if j == asked_link or (question_type == "Part" and j == i + 1) else rng.choice(other)
+                        for j in range(n_links)]
+        values = [draw.value(k.value) if k.value else "" for k in kinds_of]
+        links = [(nodes[j], nodes[j + 1], values[j]) for j in range(n_links)]
+        sentences = [render(kinds_of[j].statement, {"a": a, "b": b, "x": x, "ax": article(x) if x else ""})
+                     for j, (a, b, x) in enumerate(links)]
         order = list(range(n_links))
         if spec.difficulty >= 2:
             rng.shuffle(order)
+        same = [values[j] for j in range(n_links) if kinds_of[j].value == kind.value and j != asked_link]
 
         meta: dict[str, object] = {"chain": kind.statement, "links": n_links}
         if question_type == "Part":
-            i = rng.randrange(n_links - 1)
             ev, answers = {i, i + 1}, [nodes[i + 2]]
             question = kind.two_step.format(a=nodes[i])
             wrong = [nodes[i + 1]] + ([nodes[i + 3]] if i + 3 <= n_links else [])
         else:
-            i = rng.randrange(1, n_links)  # a link whose giver is also a receiver: two presences
             a, b, x = links[i]
-            if kind.value == answer_type and not manip_person:
-                ev, direction = {i}, "link"
+            if direction == "link":
+                ev = {i}
                 if question_type == "Manipulated":
                     m = rng.choice(kind.manipulations)
                     question, answers = m.question.format(a=a, b=b), [m.derive(x)]
-                    wrong = [m.derive(v) for v in values if v != x] + [v for v in values if v != x]
+                    wrong = [m.derive(v) for v in same] + same
                 else:
                     question, answers = kind.link.format(a=a, b=b), [x]  # type: ignore[union-attr]
-                    wrong = [v for v in values if v != x]
-            elif rng.random() < 0.5 or manip_person:
-                ev, direction = {i}, "forward"
+                    wrong = same
+            elif direction == "forward":
+                ev = {i}
                 question, answers, wrong = kind.forward.format(a=a), [b], [nodes[i - 1]]
                 if manip_person:
                     m = _PERSON_MANIPS[0]
                     question, answers = m.question.format(a=a), [m.derive(b)]
                     wrong = [m.derive(nodes[i - 1]), nodes[i - 1]]
             else:
-                ev, direction = {i - 1}, "reverse"
+                ev = {i - 1}
                 question, answers = kind.reverse.format(b=a), [nodes[i - 1]]
                 wrong = [b]
             meta["direction"] = direction
