@@ -80,6 +80,10 @@ class PromptTooLongError(EngineError):
     """A prompt does not fit in the model's context window."""
 
 
+class AnalysisError(KvrouteError, ValueError):
+    """Records cannot be analysed as asked (missing columns, too little data, bad parameters)."""
+
+
 class StoreError(KvrouteError):
     """A run store cannot be opened, read or written."""
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvroute.errors import KvrouteError
+from kvroute.errors import AnalysisError, KvrouteError  # noqa: F401  (AnalysisError re-exported)
 
 #: the cells of one cliff curve share these; ``ratio`` then varies along the curve
 CURVE_KEYS: tuple[str, ...] = ("model", "press", "regime", "family")
@@ -24,10 +24,6 @@ PRESS_KEYS: tuple[str, ...] = ("model", "press", "regime")
 BASELINE_PRESS = "none"
 #: the family name that stands for "all families pooled"
 ALL = "all"
-
-
-class AnalysisError(KvrouteError, ValueError):
-    """Records cannot be analysed as asked (missing columns, too little data, bad parameters)."""
 
 
 def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
