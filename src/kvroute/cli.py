@@ -38,29 +38,42 @@ models_app = typer.Typer(help="The embedded model zoo.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
 
+class _Handle:
+    """One bar of a rich Progress, as kvroute's progress Task."""
+
+    def __init__(self, progress: Progress, tid: object, *, jump_on_completed: bool = False) -> None:
+        self.p, self.tid, self.jump = progress, tid, jump_on_completed
+
+    def advance(self, n: float = 1) -> None:
+        self.p.advance(self.tid, n)
+
+    def update(self, *, completed: float | None = None, total: float | None = None,
+               description: str | None = None) -> None:
+        if completed is not None and self.jump:  # work found done (a resumed store): a jump, not a rate
+            self.p.reset(self.tid, completed=completed, total=total, description=description)
+        else:
+            self.p.update(self.tid, completed=completed, total=total, description=description)
+
+
 class RichProgress:
     """kvroute's Progress protocol on a rich progress bar (stderr)."""
 
     def __init__(self, console: Console = err_console) -> None:
         self.console = console
 
+    def columns(self, total: float | None) -> list[ProgressColumn]:
+        columns: list[ProgressColumn] = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
+        if total:
+            columns.append(MofNCompleteColumn() if total < 1e5 else TextColumn("{task.percentage:>3.0f}%"))
+        return columns + [TimeElapsedColumn(), TimeRemainingColumn()]
+
+    jump_on_completed = False
+
     @contextlib.contextmanager
     def task(self, description: str, total: float | None = None) -> Iterator[object]:
-        columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
-        columns += [MofNCompleteColumn()] if total and total < 1e5 else [TextColumn("{task.percentage:>3.0f}%")] if total else []
-        columns += [TimeElapsedColumn(), TimeRemainingColumn()]
-        with Progress(*columns, console=self.console, transient=False) as p:
+        with Progress(*self.columns(total), console=self.console, transient=False) as p:
             tid = p.add_task(description, total=total)
-
-            class _T:
-                def advance(self, n: float = 1) -> None:
-                    p.advance(tid, n)
-
-                def update(self, *, completed: float | None = None, total: float | None = None,
-                           description: str | None = None) -> None:
-                    p.update(tid, completed=completed, total=total, description=description)
-
-            yield _T()
+            yield _Handle(p, tid, jump_on_completed=self.jump_on_completed)
             if total is None:
                 p.update(tid, total=1, completed=1)
 
@@ -278,27 +291,13 @@ class _RateColumn(ProgressColumn):
 
 
 class _SweepProgress(RichProgress):
-    """The sweep's bar: cells done of total, rate, elapsed and ETA."""
+    """The sweep's bar: cells done of total, rate, elapsed and ETA; cells found in the store are a jump."""
 
-    @contextlib.contextmanager
-    def task(self, description: str, total: float | None = None) -> Iterator[object]:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      _RateColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                      console=self.console, transient=False) as p:
-            tid = p.add_task(description, total=total)
+    jump_on_completed = True
 
-            class _T:
-                def advance(self, n: float = 1) -> None:
-                    p.advance(tid, n)
-
-                def update(self, *, completed: float | None = None, total: float | None = None,
-                           description: str | None = None) -> None:
-                    if completed is not None:  # cells found in the store: a jump, not progress (rate, ETA)
-                        p.reset(tid, completed=completed, total=total, description=description)
-                    else:
-                        p.update(tid, total=total, description=description)
-
-            yield _T()
+    def columns(self, total: float | None) -> list[ProgressColumn]:
+        return [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                _RateColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
 
 
 def _csv(value: str | None, cast: type = str) -> list | None:
