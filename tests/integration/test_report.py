@@ -21,7 +21,9 @@ IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
 
 def hostile_records() -> pd.DataFrame:
-    spec = SyntheticSpec(n_instances=20, families=("base", "coreference"), long_context_lengths=(256, 512, 1024))
+    spec = SyntheticSpec(n_instances=20, families=("base", "coreference"), long_context_lengths=(256, 512, 1024),
+                         presses=("expected_attention+per_head", "snapkv+adakv", "expected_attention+routes"),
+                         press_offsets=(0.0, 0.03, 0.04))
     df = synthetic_records(spec)
     df.loc[df.ratio == 0.9, "answer"] = EVIL  # a model answer that tries to run code
     df.loc[df.model == "qwen-like", "model"] = '"><img src=x onerror=alert(1)>'  # names reach every table

@@ -19,6 +19,7 @@ import pandas as pd
 from kvroute import __version__
 from kvroute.analysis.cliff import cliff_tables
 from kvroute.analysis.common import ALL, PRESS_KEYS, AnalysisError, has_columns, jsonable, with_defaults
+from kvroute.analysis.compare import selection_comparison
 from kvroute.analysis.context import LONG_CONTEXT, cliff_vs_length
 from kvroute.analysis.correlation import conditional_hallucination, ger_hallucination_correlation
 from kvroute.analysis.curves import breakdown, layer_profiles, routing_curves
@@ -119,6 +120,9 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
         section(f"by_{by}", [by], functools.partial(lambda b: {f"by_{b}": breakdown(df, b)}, by))
     for col in ("consensus", "rho", "consensus_nosink"):
         section(f"{col}_profiles", [col], functools.partial(lambda c: {f"{c}_profiles": layer_profiles(df, c)}, col))
+    section("selection_comparison", ["hallucinated"], lambda: {
+        "selection_comparison": selection_comparison(df, n_boot=cfg.n_boot, confidence=cfg.confidence,
+                                                     seed=cfg.seed)})
     section("redundancy", ["evidence_heads", "reachable"], lambda: dict(zip(
         ("redundancy", "redundancy_fit"), redundancy_table(df), strict=True)))
     section("probe", ["probe_features", "answer_type"],

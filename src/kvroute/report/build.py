@@ -35,6 +35,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("fig-survival", "Evidence survival in one instance"),
     ("fig-probe", "Representation probe"),
     ("fig-redundancy", "Redundancy: reachability against heads keeping the evidence"),
+    ("fig-routes", "Route-preserving selection against AdaKV and per-head top-k"),
 )
 
 
@@ -122,6 +123,17 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                   fig("fig-probe", lambda: fr.probe_figure(t.get("probe")),
                       "Macro-F1 of a cross-validated logistic-regression probe for the answer type on the last-prompt-"
                       "token features (± std over folds), next to exact-match accuracy.", why("probe"))),
+        h.section("routes", "Route-preserving selection: does it move the cliff?",
+                  h.paragraph("Pairs of presses with the same scorer that differ only in selection: `+routes` "
+                              "(coverage across heads) against `+adakv` and per-head top-k. Δα* = α*(routes) − "
+                              "α*(other), with a 95% bootstrap interval that resamples instances jointly for both "
+                              "presses; ΔH is the change in hallucination rate (negative = routes hallucinates less)."),
+                  fig("fig-routes", lambda: fx.routes_figure(t.get("selection_comparison")),
+                      "ΔH(α) = H(routes) − H(other) per ratio with paired 95% bootstrap bands.",
+                      why("selection_comparison") if "selection_comparison" in notes else
+                      "no press pair differing only in +routes selection in these records"),
+                  _table_or_note(t.get("selection_comparison"), _ROUTES_COLS,
+                                 "no press pair differing only in +routes selection in these records")),
         h.section("redundancy", "10. Redundancy: reachability against the heads that keep the evidence",
                   fig("fig-redundancy", lambda: fx.redundancy_figure(t.get("redundancy"), t.get("redundancy_fit")),
                       "Empirical share of compressed cells whose evidence stays directly reachable, against k = the "
@@ -142,7 +154,7 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
            ("context", "α* against context length"), ("ger", "GER and hallucination"),
            ("rau", "Retention, accessibility, utilization"), ("decomposition", "Failure decomposition"),
            ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"), ("probe", "Probe"),
-           ("redundancy", "Redundancy"), ("tickets", "Lottery tickets"), ("examples", "Example answers"),
+           ("routes", "Route-preserving selection"), ("redundancy", "Redundancy"), ("tickets", "Lottery tickets"), ("examples", "Example answers"),
            ("notes", "Notes")]
     meta = f"kvroute {__version__} · {s['n_records']} records · bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}"
     (out / "summary.json").write_text(json.dumps(s, indent=2, allow_nan=False, ensure_ascii=False), encoding="utf-8")
@@ -178,6 +190,12 @@ def _ticket_parts(tickets: pd.DataFrame | None, images: list[tuple[str, bytes]] 
         parts.append(h.figure(f"fig-ticket-{len(parts)}", data_uri(png), caption))
     return parts
 
+
+_ROUTES_COLS = [("model", "model"), ("regime", "regime"), ("press_a", "press"), ("press_b", "against"),
+                ("alpha_a", "α* (press)"), ("alpha_b", "α* (routes)"), ("delta_alpha", "Δα*"),
+                ("delta_alpha_low", "Δα* low"), ("delta_alpha_high", "Δα* high"), ("boot_valid", "replicates with cliffs"),
+                ("delta_h_top", "mean ΔH, α ≥ 0.7"), ("delta_h_top_low", "low"), ("delta_h_top_high", "high"),
+                ("n_instances", "instances")]
 
 _COND_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), ("family", "family"),
               ("n_evicted", "cells evicted"), ("p_h_evicted", "P(H | evicted)"), ("n_kept", "cells retained"),

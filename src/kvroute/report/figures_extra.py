@@ -34,3 +34,22 @@ def redundancy_figure(bins: pd.DataFrame | None, fits: pd.DataFrame | None) -> F
     ax.legend(fontsize=8)
     ax.set_title("Redundancy proposition: reachability against k")
     return fig
+
+
+def routes_figure(cmp: pd.DataFrame | None) -> Figure | None:
+    """ΔH(α) of each (press, +routes) pair with its paired bootstrap band."""
+    if cmp is None or cmp.empty:
+        return None
+    fig, axes = panels(min(len(cmp), 6))
+    for ax, (_, row) in zip(axes, cmp.head(6).iterrows(), strict=False):
+        c = pd.DataFrame(row["curve"])
+        ax.axhline(0, color="#7f7f7f", lw=0.8)
+        ax.fill_between(c["ratio"], c["delta_low"], c["delta_high"], alpha=0.25, color="#2ca02c")
+        ax.plot(c["ratio"], c["delta_h"], "o-", ms=3, color="#2ca02c")
+        d = row.get("delta_alpha")
+        note = f"Δα* = {d:+.3f}" if d is not None and not pd.isna(d) else "Δα*: no cliff in both"
+        ax.set_title(f"{short(row['model'], 24)}: {short(row['press_b'], 28)}\nvs {short(row['press_a'], 36)} ({note})",
+                     fontsize=8)
+        ax.set_xlabel("compression ratio α")
+        ax.set_ylabel("ΔH = H(routes) − H(other)")
+    return fig
