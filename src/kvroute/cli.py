@@ -19,6 +19,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -41,7 +42,7 @@ app.add_typer(models_app, name="models")
 class _Handle:
     """One bar of a rich Progress, as kvroute's progress Task."""
 
-    def __init__(self, progress: Progress, tid: object, *, jump_on_completed: bool = False) -> None:
+    def __init__(self, progress: Progress, tid: TaskID, *, jump_on_completed: bool = False) -> None:
         self.p, self.tid, self.jump = progress, tid, jump_on_completed
 
     def advance(self, n: float = 1) -> None:
@@ -50,7 +51,7 @@ class _Handle:
     def update(self, *, completed: float | None = None, total: float | None = None,
                description: str | None = None) -> None:
         if completed is not None and self.jump:  # work found done (a resumed store): a jump, not a rate
-            self.p.reset(self.tid, completed=completed, total=total, description=description)
+            self.p.reset(self.tid, completed=int(completed), total=total, description=description)
         else:
             self.p.update(self.tid, completed=completed, total=total, description=description)
 
@@ -70,7 +71,7 @@ class RichProgress:
     jump_on_completed = False
 
     @contextlib.contextmanager
-    def task(self, description: str, total: float | None = None) -> Iterator[object]:
+    def task(self, description: str, total: float | None = None) -> Iterator[_Handle]:
         with Progress(*self.columns(total), console=self.console, transient=False) as p:
             tid = p.add_task(description, total=total)
             yield _Handle(p, tid, jump_on_completed=self.jump_on_completed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -24,12 +24,7 @@ class Task(Protocol):
 class Progress(Protocol):
     """Something that can show a stage of work; ``total=None`` means indeterminate."""
 
-    def task(self, description: str, total: float | None = None) -> TaskContext: ...
-
-
-class TaskContext(Protocol):
-    def __enter__(self) -> Task: ...
-    def __exit__(self, *exc: object) -> None: ...
+    def task(self, description: str, total: float | None = None) -> AbstractContextManager[Task]: ...
 
 
 class _NullTask:
