@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> dict[tuple[str, str, int], tuple[float, int
     results: dict[tuple[str, str, int], tuple[float, int, float]] = {}
     args.split = {}  # (model, family, level) -> (answerable F1, n answerable, abstention rate, n unanswerable)
     answers_f = open(args.answers, "w", encoding="utf-8") if args.answers else None
-    torch.set_num_threads(args.threads) if args.threads else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     for model_name in args.models:
         lm = load_model(model_name, device="cpu", dtype=args.dtype)
         for family in args.families:
@@ -62,7 +63,8 @@ def run(args: argparse.Namespace) -> dict[tuple[str, str, int], tuple[float, int
                 tasks = generate_tasks(spec, lm.tokenizer)
                 t0 = time.perf_counter()
                 scores = []
-                ans, una = [], []
+                ans: list[float] = []
+                una: list[float] = []
                 for inst in tasks:
                     prompt = build_prompt(lm.tokenizer, inst, regime="agnostic", answer_prefix=args.answer_prefix)
                     out = greedy_generate(lm, prompt.input_ids, max_new_tokens=args.max_new_tokens)
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> dict[tuple[str, str, int], tuple[float, int
 
 def table(results: dict[tuple[str, str, int], tuple[float, int, float]], args: argparse.Namespace) -> str:
     levels = sorted({k[2] for k in results})
-    by = defaultdict(dict)
+    by: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for (m, f, lv), (mean, _n, _dt) in results.items():
         by[(f, m)][lv] = mean
     head = "| family | model | " + " | ".join(f"level {lv}" for lv in levels) + " | best | bar |"

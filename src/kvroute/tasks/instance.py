@@ -80,10 +80,10 @@ class TaskInstance:
 
     def __post_init__(self) -> None:
         # coerce JSON shapes (lists) to the frozen ones (tuples); ``meta`` always records the format
-        coerce = {"answers": _str_tuple(self.answers, "answers"),
-                  "distractors": _str_tuple(self.distractors, "distractors"),
-                  "answer_spans": _spans(self.answer_spans, "answer_spans"),
-                  "evidence_spans": _spans(self.evidence_spans, "evidence_spans")}
+        coerce: dict[str, Any] = {"answers": _str_tuple(self.answers, "answers"),
+                                  "distractors": _str_tuple(self.distractors, "distractors"),
+                                  "answer_spans": _spans(self.answer_spans, "answer_spans"),
+                                  "evidence_spans": _spans(self.evidence_spans, "evidence_spans")}
         if not isinstance(self.meta, Mapping):
             raise TaskFormatError("must be a JSON object", field="meta")
         coerce["meta"] = {"format": FORMAT_VERSION, **self.meta}
