@@ -24,7 +24,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("chromium_report")
-    df = synthetic_records(SyntheticSpec(n_instances=15, families=("base",), long_context_lengths=(256, 512, 1024)))
+    df = synthetic_records(SyntheticSpec(n_instances=15, families=("base",), long_context_lengths=(256, 512, 1024),
+                                         presses=("expected_attention+per_head", "expected_attention+routes"),
+                                         press_offsets=(0.0, 0.03)))
     df.loc[df.ratio == 0.9, "answer"] = "<script>console.error('injected')</script>"
     return build_report(df, out, survival=SurvivalExample(**synthetic_keep_mask()), config=AnalysisConfig(n_boot=50))
 
