@@ -440,6 +440,12 @@ def run(
     from kvroute.runner import RunSettings, run_instance
     from kvroute.tasks import load_tasks
 
+    from kvroute.presses import build_press, check_ratio
+
+    for p in press:  # names and ratios are checked before anything loads
+        build_press(p)
+    for r in ratio:
+        check_ratio(r)
     instances = load_tasks(tasks)[:limit]
     settings = RunSettings(max_new_tokens=max_new_tokens)
     cells = [Cell(p, r) for p in press for r in ratio]
@@ -621,7 +627,9 @@ def main() -> None:
     try:
         app()
     except KvrouteError as e:
-        err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        from rich.markup import escape
+
+        err_console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/yellow]")

@@ -49,3 +49,17 @@ def test_run_rejects_bad_press_before_loading(tiny_folder, tmp_path):
                                    "--ratio", "0.5", "--out", str(tmp_path / "o.jsonl")])
     assert res.exit_code != 0
     assert "did you mean 'snapkv'" in str(res.exception) + res.output
+
+
+def test_error_messages_keep_their_brackets(tmp_path):
+    """A KvrouteError's text is printed verbatim: press specs like snapkv[window_size=8] are not markup."""
+    import subprocess
+    import sys
+
+    tasks = tmp_path / "t.jsonl"
+    save_tasks(generate_tasks(TaskSpec("base", n=1, seed=0)), tasks)
+    proc = subprocess.run([sys.executable, "-m", "kvroute.cli", "run", "--model", "nope-model", "--tasks", str(tasks),
+                           "--press", "snapkv[window_size=8]+adakw", "--ratio", "0.5", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "did you mean 'adakv'" in proc.stderr

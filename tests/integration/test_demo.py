@@ -11,7 +11,7 @@ from kvroute.sweep import sweep_config_from_mapping
 
 def test_demo_config_is_a_valid_sweep_with_the_required_presses():
     cfg = sweep_config_from_mapping(demo_config(["smollm2-135m"]), source="demo")
-    assert {"expected_attention+adakv", "snapkv", "streaming_llm"} <= set(cfg.presses)
+    assert {"expected_attention+adakv", "snapkv[window_size=16]", "streaming_llm"} <= set(cfg.presses)
     assert any(p.startswith("expected_attention+chunk") for p in cfg.presses)
     assert list(cfg.ratios) == list(DEMO_RATIOS) and 0.98 in cfg.ratios
     lengths = sorted(t.spec.target_tokens for t in cfg.tasks if t.spec and t.spec.family == "long_context")
