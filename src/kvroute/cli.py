@@ -19,6 +19,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
@@ -281,14 +282,12 @@ def report(
 class _RateColumn(ProgressColumn):
     """Cells per second (or per minute when slow), for the sweep bar."""
 
-    def render(self, task: object) -> object:
-        from rich.text import Text as _Text
-
-        speed = getattr(task, "speed", None)
+    def render(self, task: Task) -> Text:
+        speed = task.speed
         if not speed:
-            return _Text("-- cells/s", style="progress.data.speed")
+            return Text("-- cells/s", style="progress.data.speed")
         text = f"{speed:.2f} cells/s" if speed >= 0.1 else f"{speed * 60:.2f} cells/min"
-        return _Text(text, style="progress.data.speed")
+        return Text(text, style="progress.data.speed")
 
 
 class _SweepProgress(RichProgress):
@@ -408,9 +407,9 @@ def presses_list() -> None:
     t = Table(title="selection strategies")
     for col in ("name", "parameters (defaults)", "description"):
         t.add_column(col, overflow="fold")
-    for name, cls in SELECTIONS.items():
-        params = ", ".join(f"{k}={v}" for k, v in cls.parameters().items()) or "-"
-        t.add_row(name, params, cls.description)
+    for name, selection in SELECTIONS.items():
+        params = ", ".join(f"{k}={v}" for k, v in selection.parameters().items()) or "-"
+        t.add_row(name, params, selection.description)
     console.print(t)
     from rich.markup import escape
 
@@ -437,10 +436,9 @@ def run(
     import json
 
     from kvroute.engine import Cell, Engine
+    from kvroute.presses import build_press, check_ratio
     from kvroute.runner import RunSettings, run_instance
     from kvroute.tasks import load_tasks
-
-    from kvroute.presses import build_press, check_ratio
 
     for p in press:  # names and ratios are checked before anything loads
         build_press(p)

@@ -70,10 +70,12 @@ def compare_pair(df: pd.DataFrame, press_a: str, press_b: str, *, n_boot: int = 
     dh = reps_b - reps_a
     dh_lo, dh_hi = percentile_interval(dh, confidence)
     top = np.asarray(ra) >= 0.7
+    # alpha_star is set exactly when a fit is ok
+    delta_alpha = fb.alpha_star - fa.alpha_star if fa.alpha_star is not None and fb.alpha_star is not None else None
     return {
         "press_a": press_a, "press_b": press_b, "n_instances": len(ia),
         "alpha_a": fa.alpha_star, "alpha_b": fb.alpha_star, "status_a": fa.status, "status_b": fb.status,
-        "delta_alpha": (fb.alpha_star - fa.alpha_star) if fa.ok and fb.ok else None,
+        "delta_alpha": delta_alpha,
         "delta_alpha_low": lo, "delta_alpha_high": hi, "boot_valid": float(valid.mean()),
         "delta_h_top": float(np.mean(h_b[top] - h_a[top])) if top.any() else None,
         "delta_h_top_low": float(np.nanpercentile(np.nanmean(dh[:, top], axis=1), 100 * (1 - confidence) / 2))

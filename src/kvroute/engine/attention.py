@@ -40,7 +40,7 @@ class MaskedContext:
     on_probs: Callable[[int, torch.Tensor], None] | None = None
 
 
-def _masked_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               attention_mask: torch.Tensor | None, dropout: float = 0.0,
                               scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     ctx: MaskedContext | None = getattr(_state, "ctx", None)
@@ -48,7 +48,7 @@ def _masked_attention_forward(module: nn.Module, query: torch.Tensor, key: torch
         raise EngineError("kvroute_masked attention was called outside masked_attention()")
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise EngineError("the masked engine does not support sliding-window or soft-capped attention layers")
-    layer = module.layer_idx
+    layer: int = module.layer_idx
     B, H, q, D = query.shape  # query [B, H, q, D]; key/value: the cells' suffix [B, Hkv, s, D]
     Hkv, s = key.shape[1], key.shape[2]
     G = H // Hkv
@@ -83,7 +83,7 @@ def _masked_attention_forward(module: nn.Module, query: torch.Tensor, key: torch
 @contextlib.contextmanager
 def masked_attention(model: nn.Module, ctx: MaskedContext) -> Iterator[None]:
     """Route ``model``'s attention through the masked function for the duration of the block."""
-    config = model.config
+    config: Any = model.config  # a transformers config; _attn_implementation selects the function
     previous = config._attn_implementation
     had = IMPLEMENTATION in ALL_ATTENTION_FUNCTIONS._local_mapping
     ALL_ATTENTION_FUNCTIONS[IMPLEMENTATION] = _masked_attention_forward

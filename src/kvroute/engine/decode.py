@@ -8,8 +8,9 @@ cells' own suffix K/V are per cell; the context K/V come from the prefill and ar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,9 +51,10 @@ class CellOutput:
     logits: torch.Tensor | None = None  # [G + 1, V]: logits at prompt positions Q-1 … Q+G-1 (keep_logits)
 
 
-def _stop_ids(model: nn.Module, tokenizer: object | None) -> set[int]:
+def _stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:
     """Stop tokens as kvpress's pipeline uses them: the generation config's EOS (else the tokenizer's)."""
-    eos = model.generation_config.eos_token_id
+    generation_config: Any = model.generation_config
+    eos = generation_config.eos_token_id
     if eos is None and tokenizer is not None:
         eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
@@ -60,12 +62,23 @@ def _stop_ids(model: nn.Module, tokenizer: object | None) -> set[int]:
     return set(eos if isinstance(eos, list) else [eos])
 
 
+def _stack_layers(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
+    """Per-layer captures ``[b, H, K]`` stacked to ``[b, L, H, K]``; every layer must have reported."""
+    missing = [i for i, t in enumerate(per_layer) if t is None]
+    if missing:
+        raise EngineError(f"the masked attention reported no probabilities for layers {missing}")
+    return torch.stack([t for t in per_layer if t is not None], dim=1)
+
+
 @torch.inference_mode()
-def decode_cells(model: nn.Module, tokenizer: object, pre: PrefillResult, question_ids: Sequence[int],
+def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_ids: Sequence[int],
                  masks: Sequence[KeepMask], *, gold_ids: Sequence[int] | None = None,
-                 track: dict[str, Sequence[int]] | None = None,
+                 track: Mapping[str, Sequence[int]] | None = None,
                  settings: DecodeSettings = DecodeSettings()) -> list[CellOutput]:
-    """Decode every mask in ``masks`` (batched by ``settings.batch_size``); results in the same order."""
+    """Decode every mask in ``masks`` (batched by ``settings.batch_size``); results in the same order.
+
+    ``tokenizer`` (a transformers tokenizer, or None for no text) decodes the generated tokens.
+    """
     if len(question_ids) == 0:
         raise EngineError("the question part of the prompt is empty; the engine needs at least one suffix token")
     out: list[CellOutput] = []
@@ -75,8 +88,8 @@ def decode_cells(model: nn.Module, tokenizer: object, pre: PrefillResult, questi
     return out
 
 
-def _decode_batch(model: nn.Module, tokenizer: object, pre: PrefillResult, question: list[int],
-                  masks: Sequence[KeepMask], gold: list[int], track: dict[str, Sequence[int]],
+def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],
+                  masks: Sequence[KeepMask], gold: list[int], track: Mapping[str, Sequence[int]],
                   settings: DecodeSettings) -> list[CellOutput]:
     device = pre.keys[0].device
     B, T, Q, G = len(masks), pre.num_tokens, len(question), len(gold)
@@ -95,8 +108,8 @@ def _decode_batch(model: nn.Module, tokenizer: object, pre: PrefillResult, quest
     state = {"step": -1}
     capture = settings.capture
     last_rows: list[torch.Tensor | None] = [None] * L
-    cfg = getattr(model.config, "text_config", model.config)
-    H = cfg.num_attention_heads
+    config: Any = model.config
+    H: int = getattr(config, "text_config", config).num_attention_heads
     gen_mass = {k: torch.zeros(B, settings.max_new_tokens, L, H, device=device) for k in track_idx}
     gen_rows: list[list[torch.Tensor | None]] = []
 
@@ -126,7 +139,7 @@ def _decode_batch(model: nn.Module, tokenizer: object, pre: PrefillResult, quest
                 results[b].gold_logprob = float(gold_lp[b])
         if capture:
             hs = torch.stack([h[:, Q - 1] for h in res.hidden_states], dim=1)  # [B, L + 1, hidden]
-            last = torch.stack(last_rows, dim=1)  # [B, L, H, T + Q]
+            last = _stack_layers(last_rows)  # [B, L, H, T + Q]
             for b in range(B):
                 results[b].last_attention, results[b].hidden = last[b], hs[b].float()
         if settings.keep_logits:
@@ -154,7 +167,7 @@ def _decode_batch(model: nn.Module, tokenizer: object, pre: PrefillResult, quest
                         cache_position=p, use_cache=True, logits_to_keep=1)
             nxt = res.logits[:, -1].argmax(-1)
             if settings.keep_generated_rows:
-                stacked = torch.stack(gen_rows[step], dim=1)  # [b, L, H, T + Q + step + 1]
+                stacked = _stack_layers(gen_rows[step])  # [b, L, H, T + Q + step + 1]
                 for j, r in enumerate(rows.tolist()):
                     if results[r].generated_rows is None:
                         results[r].generated_rows = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,8 +21,11 @@ NO_PRESS = "none"
 class PromptLike(Protocol):
     """What the engine reads from a prompt (kvroute.tasks.prompt.Prompt has these)."""
 
-    context_ids: Sequence[int]  # the compressible prefix
-    question_ids: Sequence[int]  # the uncompressed suffix
+    @property
+    def context_ids(self) -> Sequence[int]: ...  # the compressible prefix
+
+    @property
+    def question_ids(self) -> Sequence[int]: ...  # the uncompressed suffix
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class Engine:
         return list(reqs.values()), cell_key
 
     def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,
-            evidence: Sequence[int] | None = None, track: dict[str, Sequence[int]] | None = None, seed: int = 0,
+            evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
             captures: Sequence[PrefillCapture] = ()) -> EngineResult:
         """Prefill ``prompt.context_ids`` once, then decode every cell (plus the full cache) in batches.
 

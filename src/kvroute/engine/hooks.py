@@ -7,13 +7,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers of a causal LM (``model.model.layers`` or a multimodal language model's)."""
-    base = model.model if hasattr(model, "model") else model
-    base = getattr(base, "language_model", base)
-    layers = getattr(base, "layers", None)
+    layers = getattr(base_model(model), "layers", None)
     if layers is None:
         raise TypeError(f"{type(model).__name__} has no decoder layers where kvroute looks (model.model.layers)")
     return list(layers)
@@ -21,7 +20,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def base_model(model: nn.Module) -> nn.Module:
     """The transformer without its LM head (what kvpress prefills with)."""
-    base = model.model if hasattr(model, "model") else model
+    base: Any = model.model if hasattr(model, "model") else model
     return getattr(base, "language_model", base)
 
 
@@ -33,10 +32,11 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any]) -> Iterator[None
     it is attached here for the duration and detached afterwards, so no state is left on the model.
     """
     base = base_model(model)
-    handles, attached = [], []
+    handles: list[RemovableHandle] = []
+    attached: list[Any] = []  # attention modules given a temporary ``rotary_emb``
     try:
         for layer in decoder_layers(model):
-            attn = layer.self_attn
+            attn: Any = layer.self_attn  # read for its dynamic attributes (rotary_emb)
             if not hasattr(attn, "rotary_emb") and hasattr(base, "rotary_emb"):
                 attn.rotary_emb = base.rotary_emb
                 attached.append(attn)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
+from transformers.models.llama.modeling_llama import repeat_kv
 
 from kvroute.engine.hooks import attention_hooks, base_model
+from kvroute.errors import EngineError
+from kvroute.models.queries import rotated_queries
 from kvroute.presses.scorers import ScoreInputs, Scorer
 from kvroute.presses.selection.chunk import chunk_bounds
 
@@ -57,20 +59,15 @@ class PrefillResult:
         return int(self.context_ids.numel())
 
 
-def prefill_attention(module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
+def prefill_attention(module: Any, hidden_states: torch.Tensor, keys: torch.Tensor,
                       position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The layer's causal attention map ``[1, H, T, T]``, computed as transformers' eager attention does.
 
     Only scorers with ``needs_attentions`` (observed_attention) trigger this: it is the one place
-    kvroute materialises an N×N map.
+    kvroute materialises an N×N map. ``module`` is a transformers attention module.
     """
-    B, T, _ = hidden_states.shape
-    D = module.head_dim
-    q = module.q_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)  # [1, H, T, D]
-    if hasattr(module, "q_norm"):  # Qwen3 / Gemma3 QK-norm
-        q = module.q_norm(q)
-    cos, sin = position_embeddings
-    q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+    T = hidden_states.shape[1]
+    q = rotated_queries(module, hidden_states, position_embeddings)  # [1, H, T, D]
     k = repeat_kv(keys, q.shape[1] // keys.shape[1])  # [1, H, T, D]
     w = torch.matmul(q, k.transpose(2, 3)) * module.scaling  # [1, H, T, T]
     causal = torch.ones(T, T, dtype=torch.bool, device=w.device).triu(1)
@@ -83,7 +80,7 @@ def _score_layer(req: ScoreRequest, x: ScoreInputs) -> torch.Tensor:
     ratio = req.ratio if req.ratio is not None else 0.0
     if req.variant == "full":
         return req.scorer.score(x, ratio)
-    _, chunk, min_last = req.variant  # type: ignore[misc]
+    _, chunk, min_last = cast(tuple[str, int, int], req.variant)
     T = x.keys.shape[2]
     parts = []
     for i, j in chunk_bounds(T, chunk, min_last):
@@ -95,6 +92,17 @@ def _score_layer(req: ScoreRequest, x: ScoreInputs) -> torch.Tensor:
                          x.kwargs, x.attentions, ev, x.seed)
         parts.append(req.scorer.score(xi, ratio))
     return torch.cat(parts, dim=-1)
+
+
+def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-layer keys and values ``[1, Hkv, T, D]`` of a cache the prefill has filled."""
+    keys, values = [], []
+    for i, layer in enumerate(cache.layers):
+        if layer.keys is None or layer.values is None:
+            raise EngineError(f"the prefill left cache layer {i} empty")
+        keys.append(layer.keys)
+        values.append(layer.values)
+    return keys, values
 
 
 @torch.inference_mode()
@@ -111,10 +119,10 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     per_layer: dict[Hashable, list[torch.Tensor]] = {r.key: [] for r in requests}
     need_attn = any(r.scorer.needs_attentions for r in requests)
 
-    def hook(module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+    def hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         hidden = kwargs["hidden_states"]
         cache = kwargs["past_key_values"]
-        layer = module.layer_idx
+        layer: int = module.layer_idx
         keys, values = cache.layers[layer].keys, cache.layers[layer].values
         attn = prefill_attention(module, hidden, keys, kwargs["position_embeddings"]) if need_attn else None
         for r in requests:
@@ -125,10 +133,10 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
             c.on_layer(layer, module, hidden, keys, values, kwargs)
 
     t0 = time.perf_counter()
-    cache = DynamicCache(config=model.config)
+    config: Any = model.config  # a transformers config
+    cache = DynamicCache(config=config)
     with attention_hooks(model, hook):
         base_model(model)(input_ids=ids, past_key_values=cache, use_cache=True)
-    keys = [layer.keys for layer in cache.layers]
-    values = [layer.values for layer in cache.layers]
+    keys, values = _filled_layers(cache)
     scores = {k: torch.cat(v, dim=0) for k, v in per_layer.items()}  # [L, Hkv, T] each
     return PrefillResult(ids[0], keys, values, scores, time.perf_counter() - t0)

@@ -16,6 +16,8 @@ from transformers import DynamicCache
 from kvroute.errors import EngineError
 from kvroute.presses import build_press
 from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
+from kvroute.presses.selection.adakv import AdaKV
+from kvroute.presses.selection.chunk import Chunk
 
 _SELECTION_WRAPPERS = ("per_head", "adakv", "chunk")
 
@@ -31,10 +33,11 @@ def kvpress_press(spec: str, ratio: float) -> Any:
     if sel not in _SELECTION_WRAPPERS:
         raise EngineError(f"selection {sel!r} has no kvpress equivalent that runs here ({_SELECTION_WRAPPERS})")
     inner = press.scorer.press_cls(compression_ratio=ratio, **press.scorer.params)
-    if sel == "adakv":
-        return kvpress.AdaKVPress(inner, alpha_safeguard=press.selection.alpha_safeguard)
-    if sel == "chunk":
-        return kvpress.ChunkPress(inner, chunk_length=press.selection.chunk_length)
+    selection = press.selection
+    if isinstance(selection, AdaKV):  # registered as "adakv"
+        return kvpress.AdaKVPress(inner, alpha_safeguard=selection.alpha_safeguard)
+    if isinstance(selection, Chunk):  # registered as "chunk"
+        return kvpress.ChunkPress(inner, chunk_length=selection.chunk_length)
     return inner
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
-from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
+from transformers.models.llama.modeling_llama import repeat_kv
 
 from kvroute.metrics.base import CellContext, Metric, register
+from kvroute.models.queries import rotated_queries
 
 
 class EvidenceRollout:
@@ -39,17 +39,12 @@ class EvidenceRollout:
         self.rows: list[torch.Tensor] = []
         self.row_chunk = row_chunk
 
-    def on_layer(self, layer_idx: int, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
+    def on_layer(self, layer_idx: int, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor,
                  values: torch.Tensor, kwargs: dict[str, Any]) -> None:
         r = self.r.to(keys.device)
         self.rows.append(r.cpu().clone())  # share in the input of layer `layer_idx`
-        B, T, _ = hidden_states.shape
-        D = module.head_dim
-        q = module.q_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)  # [1, H, T, D]
-        if hasattr(module, "q_norm"):
-            q = module.q_norm(q)
-        cos, sin = kwargs["position_embeddings"]
-        q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+        T = hidden_states.shape[1]
+        q = rotated_queries(module, hidden_states, kwargs["position_embeddings"])  # [1, H, T, D]
         k = repeat_kv(keys, q.shape[1] // keys.shape[1])[0].float()  # [H, T, D]
         mixed = torch.empty(T, device=keys.device)
         for i in range(0, T, self.row_chunk):

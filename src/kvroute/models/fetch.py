@@ -29,6 +29,7 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from kvroute.errors import DownloadError, IntegrityError, NetworkError
 from kvroute.models.zoo import ZooEntry, kvroute_home
@@ -206,7 +207,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
     with quiet_transformers():
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # A GGUF-loaded model may carry a quantizer flag that blocks saving; the weights are float now.
         if getattr(model, "hf_quantizer", None) is not None:
             model.hf_quantizer = None

@@ -95,6 +95,8 @@ class Ticket:
 
 def importance(full: CellOutput, T: int, group_size: int) -> torch.Tensor:
     """``[L, Hkv, T]`` attention mass from the answer's queries (last prompt token + generated tokens)."""
+    if full.last_attention is None:
+        raise EngineError("importance needs the full cache's attention rows (decode with capture=True)")
     rows = [full.last_attention[..., :T]]  # [L, H, T]
     rows += [r[..., :T].float() for r in (full.generated_rows or [])]
     a = torch.stack(rows).sum(0)  # [L, H, T]
@@ -147,7 +149,7 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
             return ok
 
         # 2) forward pruning on a geometric grid, then refinement
-        sizes = []
+        sizes: list[int] = []
         k = N // 2
         while k >= 1 and len(sizes) < settings.batch:
             sizes.append(k)
@@ -190,9 +192,9 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
                     # add removed groups back, most important first, until the answer passes again
                     back = sorted(removable, reverse=True)
                     for i in range(len(back)):
-                        cand = torch.cat(rest + [chunks[j] for j in back[: i + 1]])
-                        if run([from_entries(cand)])[0]:
-                            entries = cand.flip(0)
+                        with_back = torch.cat(rest + [chunks[j] for j in back[: i + 1]])
+                        if run([from_entries(with_back)])[0]:
+                            entries = with_back.flip(0)
                             break
             groups *= 2
 
