@@ -170,6 +170,12 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
             if passing:
                 best = min(passing)
             fail_below = max([k for k in cand if k < best], default=fail_below)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(N, device=order.device)  # importance rank of every entry
+
+        def by_importance(idx: torch.Tensor) -> torch.Tensor:
+            return idx[torch.argsort(rank[idx])]  # most important first
+
         entries = order[:best]  # most important first
 
         # 3) backward pass: drop groups that are not needed, add back what is
@@ -187,14 +193,14 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
                 rest = [c for j, c in enumerate(chunks) if j not in set(removable)]
                 trial = torch.cat(rest) if rest else entries[:0]
                 if len(trial) and run([from_entries(trial)])[0]:
-                    entries = trial.flip(0)
+                    entries = by_importance(trial)
                 else:
                     # add removed groups back, most important first, until the answer passes again
                     back = sorted(removable, reverse=True)
                     for i in range(len(back)):
                         with_back = torch.cat(rest + [chunks[j] for j in back[: i + 1]])
                         if run([from_entries(with_back)])[0]:
-                            entries = with_back.flip(0)
+                            entries = by_importance(with_back)
                             break
             groups *= 2
 
