@@ -113,3 +113,14 @@ def test_cli_report_on_a_run_directory_and_a_records_file(tmp_path):
 
     res = runner.invoke(app, ["report", str(tmp_path / "nowhere")])
     assert isinstance(res.exception, StoreError)
+
+
+def test_context_figure_draws_a_point_outside_its_interval():
+    """A point estimate may sit outside its percentile interval; the figure must still draw."""
+    from kvroute.report.figures_cliff import context_figure
+
+    by_length = pd.DataFrame({"model": "m", "press": "p", "regime": "agnostic", "T": [128, 256, 512, 1280],
+                              "alpha_star": [0.5, 0.6, 0.7, 0.8], "alpha_star_low": [0.55, 0.5, 0.6, 0.7],
+                              "alpha_star_high": [0.6, 0.7, 0.8, 0.9], "budget_star": [64, 100, 150, 250],
+                              "budget_star_low": [50, 90, 160, 200], "budget_star_high": [70, 120, 170, 300]})
+    assert context_figure(by_length, pd.DataFrame()) is not None

@@ -78,8 +78,11 @@ def context_figure(by_length: pd.DataFrame, verdicts: pd.DataFrame) -> Figure | 
         c = colors[key]
         a_err = np.array([g["alpha_star"] - g["alpha_star_low"].astype(float), g["alpha_star_high"].astype(float) - g["alpha_star"]])
         b_err = np.array([g["budget_star"] - g["budget_star_low"].astype(float), g["budget_star_high"].astype(float) - g["budget_star"]])
-        ax_a.errorbar(g["T"], g["alpha_star"], yerr=np.nan_to_num(a_err), marker="o", color=c, capsize=3, label=label)
-        ax_b.errorbar(g["T"], g["budget_star"], yerr=np.nan_to_num(b_err), marker="o", color=c, capsize=3, label=label)
+        # a point estimate may lie outside its percentile interval (skewed replicates): draw no bar on that side
+        ax_a.errorbar(g["T"], g["alpha_star"], yerr=np.clip(np.nan_to_num(a_err), 0, None), marker="o", color=c,
+                      capsize=3, label=label)
+        ax_b.errorbar(g["T"], g["budget_star"], yerr=np.clip(np.nan_to_num(b_err), 0, None), marker="o", color=c,
+                      capsize=3, label=label)
     for ax, ylabel in ((ax_a, "α* (ratio at the cliff)"), (ax_b, "budget* = (1 − α*)·T kept tokens")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length T (tokens)")
