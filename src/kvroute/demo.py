@@ -115,7 +115,7 @@ def run_tickets(run_dir: Path, lm: Any, instances: Sequence[Any], *, max_evaluat
     return done
 
 
-def findings(summary: dict[str, Any], seconds: float) -> list[str]:
+def findings(summary: dict[str, Any], seconds: float, sweep_seconds: float | None = None) -> list[str]:
     """Plain-language headline findings from a report's summary.json."""
     lines = []
     for row in summary.get("headline", []):
@@ -129,7 +129,10 @@ def findings(summary: dict[str, Any], seconds: float) -> list[str]:
                      f"{row['model']} · {row['press']}: {cliff}; safe ratio {safe if safe is not None else '–'}")
     for prof in _consensus_shapes(summary):
         lines.append(prof)
-    lines.append(f"wall time: {seconds / 60:.1f} min")
+    line = f"wall time: {seconds / 60:.1f} min"
+    if sweep_seconds is not None and sweep_seconds > seconds + 1:
+        line += f" (this run resumed; the sweep's sessions took {sweep_seconds / 60:.1f} min in all)"
+    lines.append(line)
     return lines
 
 
@@ -196,4 +199,6 @@ def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, 
     seconds["report"] = time.perf_counter() - t2
     seconds["total"] = time.perf_counter() - t0
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
-    return DemoResult(run_dir, report, seconds, findings(summary, seconds["total"]), summary)
+    sessions = (load_manifest(run_dir) or {}).get("sessions", [])
+    swept = sum(float(x.get("seconds") or 0) for x in sessions if isinstance(x, dict)) or None
+    return DemoResult(run_dir, report, seconds, findings(summary, seconds["total"], swept), summary)
