@@ -1,0 +1,55 @@
+"""Helpers shared by the benchmark scripts: environment header, medians, subprocess peak memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def environment() -> str:
+    import torch
+    import transformers
+
+    try:
+        from importlib.metadata import version
+
+        kvp = version("kvpress")
+    except Exception:  # pragma: no cover
+        kvp = "?"
+    from kvroute import __version__
+
+    cpu = platform.processor() or platform.machine()
+    return (f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), transformers {transformers.__version__}, kvpress {kvp}, "
+            f"kvroute {__version__}, Python {platform.python_version()}")
+
+
+def median_spread(xs: list[float]) -> str:
+    """``median (min–max, n=k)`` for a list of timings."""
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}"
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f}, n={len(xs)})"
+
+
+def run_child(code: str, *args: str, timeout: float = 3600) -> dict:
+    """Run ``code`` in a fresh Python; it must print one JSON line last. Adds ``peak_rss_mb`` of the child."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed: {proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def write(name: str, lines: list[str]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    p = RESULTS / f"{name}.md"
+    p.write_text("\n".join(lines) + "\n")
+    return p

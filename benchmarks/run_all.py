@@ -1,0 +1,41 @@
+"""`make bench`: run every benchmark and rewrite benchmarks/RESULTS.md from their outputs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ORDER = ["load_speed", "equivalence", "grid_speed", "metrics_overhead", "cell_batching", "context_scaling",
+         "bookkeeping"]
+
+
+def main() -> int:
+    failed = []
+    for name in ORDER:
+        script = HERE / f"{name}.py"
+        if not script.exists():
+            continue
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.call([sys.executable, str(script)], cwd=HERE)
+        print(f"== {name}: exit {rc} in {time.perf_counter() - t0:.0f} s", flush=True)
+        if rc:
+            failed.append(name)
+    parts = ["# kvroute benchmarks", "",
+             "Rewritten by `make bench` (each section also by its own script). Times are medians of repeated, "
+             "side-by-side runs on a shared 2-core machine: compare ratios, not absolute seconds.", ""]
+    for name in ORDER:
+        f = HERE / "results" / f"{name}.md"
+        if f.exists():
+            parts += ["#" + f.read_text().strip(), ""]
+    (HERE / "RESULTS.md").write_text("\n".join(parts))
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
