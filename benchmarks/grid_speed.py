@@ -45,7 +45,7 @@ def main() -> int:
     engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False))
     pipe = kvpress_pipeline(lm)
     # warm-up both paths once
-    engine.run(prompts[0], [Cell("snapkv", 0.5)])
+    engine.run(prompts[0], [Cell("snapkv", 0.5)], decode_full=False)
     kvpress_answer(lm, prompts[0].kvpress_context, prompts[0].kvpress_question, "snapkv", 0.5, max_new_tokens=4,
                    pipeline=pipe)
 
@@ -56,7 +56,7 @@ def main() -> int:
         ta, tb = [], []
         for rep in range(args.repeats):
             t0 = time.perf_counter()
-            ours = [engine.run(p, cells).outputs for p in prompts]
+            ours = [engine.run(p, cells, decode_full=False).outputs for p in prompts]
             ta.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             ref = [[kvpress_answer(lm, p.kvpress_context, p.kvpress_question, c.press, c.ratio,

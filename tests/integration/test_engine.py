@@ -161,3 +161,15 @@ def test_bad_input_is_refused_clearly(setup):
     long = Prompt(prompt.context_ids * 200, prompt.question_ids)
     with pytest.raises(PromptTooLongError, match="context window of 4096"):
         eng.run(long, [Cell("knorm", 0.5)])
+
+
+def test_skipping_the_full_reference_changes_nothing_else(setup):
+    lm, prompt = setup
+    eng = Engine(lm, DecodeSettings(max_new_tokens=6))
+    cells = [Cell("knorm", 0.5), Cell("snapkv[window_size=8]", 0.8)]
+    a = eng.run(prompt, cells)
+    b = eng.run(prompt, cells, decode_full=False)
+    assert b.full is None and a.full is not None
+    assert [o.tokens for o in a.outputs] == [o.tokens for o in b.outputs]
+    c = eng.run(prompt, cells + [Cell("knorm", 0.0)], decode_full=False)  # a ratio-0 cell needs the full cache
+    assert c.full is not None and c.outputs[-1].tokens == a.full.tokens

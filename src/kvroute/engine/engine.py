@@ -42,7 +42,7 @@ class EngineResult:
     cells: list[Cell]
     masks: list[KeepMask]
     outputs: list[CellOutput]
-    full: CellOutput  # the uncompressed cache, always decoded alongside (the reference for metrics)
+    full: CellOutput | None  # the uncompressed cache, decoded alongside (the metrics' reference) unless skipped
     full_mask: KeepMask
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -93,8 +93,11 @@ class Engine:
 
     def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
-            captures: Sequence[PrefillCapture] = ()) -> EngineResult:
+            captures: Sequence[PrefillCapture] = (), decode_full: bool = True) -> EngineResult:
         """Prefill ``prompt.context_ids`` once, then decode every cell (plus the full cache) in batches.
+
+        ``decode_full=False`` skips the full-cache reference when no cell keeps everything (answers
+        only, no metrics); ``EngineResult.full`` is then None.
 
         ``evidence``: evidence token positions inside the context (needed by oracle controls);
         ``track``: named sets of prompt positions whose attention mass from each generated token is
@@ -133,9 +136,17 @@ class Engine:
         t2 = time.perf_counter()
         # cells whose mask keeps everything (ratio 0, "none") share the full-cache decode
         todo = [i for i in range(len(cells)) if i in cell_key]
-        outs = decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, [full] + [masks[i] for i in todo],
+        with_full = decode_full or len(todo) < len(cells)
+        lead = [full] if with_full else []
+        outs = decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, lead + [masks[i] for i in todo],
                             gold_ids=gold_ids, track=track, settings=self.settings)
-        by_cell = dict(zip(todo, outs[1:], strict=True))
+        full_out = outs[0] if with_full else None
+        by_cell = dict(zip(todo, outs[len(lead):], strict=True))
         t3 = time.perf_counter()
-        return EngineResult(pre, cells, masks, [by_cell.get(i, outs[0]) for i in range(len(cells))], outs[0], full,
+        outputs = [by_cell[i] if i in by_cell else full_out for i in range(len(cells))]
+        # cells outside `todo` keep everything, and then the full cache was decoded
+        done = [o for o in outputs if o is not None]
+        if len(done) != len(cells):  # pragma: no cover - internal invariant
+            raise EngineError("internal error: a full-cache cell was not decoded")
+        return EngineResult(pre, cells, masks, done, full_out, full,
                             {"prefill": t1 - t0, "select": t2 - t1, "decode": t3 - t2})
