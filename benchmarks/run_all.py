@@ -1,4 +1,8 @@
-"""`make bench`: run every benchmark and rewrite benchmarks/RESULTS.md from their outputs."""
+"""`make bench`: run every benchmark and rewrite benchmarks/RESULTS.md from their outputs.
+
+    python benchmarks/run_all.py                 # all of them
+    python benchmarks/run_all.py grid_speed      # only these (RESULTS.md still collects every result)
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,12 @@ ORDER = ["load_speed", "equivalence", "grid_speed", "metrics_overhead", "cell_ba
 
 def main() -> int:
     failed = []
-    for name in ORDER:
+    chosen = sys.argv[1:] or ORDER
+    unknown = [n for n in chosen if n not in ORDER]
+    if unknown:
+        print(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(ORDER)}", file=sys.stderr)
+        return 2
+    for name in chosen:
         script = HERE / f"{name}.py"
         if not script.exists():
             continue
