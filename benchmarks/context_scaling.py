@@ -57,7 +57,7 @@ def once(x):
     caps = [EvidenceRollout(list(range(10, 30)), len(x))] if "@routes" in scorers else []
     prefill(lm.model, x, requests(), captures=caps)
 
-once(ids(64))
+once(ids(128))  # longer than SnapKV's 64-token window
 def hwm():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM"):
