@@ -173,3 +173,19 @@ def test_skipping_the_full_reference_changes_nothing_else(setup):
     assert [o.tokens for o in a.outputs] == [o.tokens for o in b.outputs]
     c = eng.run(prompt, cells + [Cell("knorm", 0.0)], decode_full=False)  # a ratio-0 cell needs the full cache
     assert c.full is not None and c.outputs[-1].tokens == a.full.tokens
+
+
+def test_captured_attention_rows_equal_eager_attention_weights(setup):
+    """The last prompt token's captured rows [L, H, T+Q] are the model's own attention (query-head order too)."""
+    lm, prompt = setup
+    res = Engine(lm, DecodeSettings(max_new_tokens=3)).run(prompt, [Cell("none", 0.0)])
+    ids = torch.tensor([prompt.context_ids + prompt.question_ids])
+    cfg = lm.model.config
+    prev = cfg._attn_implementation
+    cfg._attn_implementation = "eager"
+    try:
+        out = lm.model(ids, output_attentions=True)
+    finally:
+        cfg._attn_implementation = prev
+    eager = torch.stack([a[0, :, -1, :] for a in out.attentions])  # [L, H, T+Q]
+    torch.testing.assert_close(res.full.last_attention, eager, atol=1e-5, rtol=0)

@@ -36,8 +36,10 @@ class MaskedContext:
     keys: list[torch.Tensor]  # per layer [1, Hkv, T, D]
     values: list[torch.Tensor]  # per layer [1, Hkv, T, D]
     keep: torch.Tensor  # bool [B, L, Hkv, T]
-    # called with (layer_idx, probs [B, H, q, T + s]) when set; the probabilities are in float32
+    # called with (layer_idx, rows [B, H, T + s]) when set: the float32 attention of query index
+    # ``capture_query`` of the forward (negative counts from the end), every query head
     on_probs: Callable[[int, torch.Tensor], None] | None = None
+    capture_query: int = -1
 
 
 def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -70,8 +72,9 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
 
     probs = torch.softmax(torch.cat([s_ctx, s_suf], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G·q, T+s]
     if ctx.on_probs is not None:
-        # [Hkv, B, G·q, T+s] -> [B, H, q, T+s] with query head = kv·G + g
-        ctx.on_probs(layer, probs.transpose(0, 1).reshape(B, H, q, T + s))
+        i = ctx.capture_query % q
+        rows = probs[:, :, i::q, :]  # [Hkv, B, G, T+s]: rows g·q + i, i.e. query index i of each head in the group
+        ctx.on_probs(layer, rows.transpose(0, 1).reshape(B, H, T + s))  # query head = kv·G + g
     p = probs.to(query.dtype)
     out = torch.bmm(p[..., :T].reshape(Hkv, B * G * q, T), v_ctx).view(Hkv, B, G * q, D)
     out = out + torch.matmul(p[..., T:], value.transpose(0, 1))  # [Hkv, B, G·q, s] @ [Hkv, B, s, D]

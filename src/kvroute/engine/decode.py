@@ -113,18 +113,17 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
     gen_mass = {k: torch.zeros(B, settings.max_new_tokens, L, H, device=device) for k in track_idx}
     gen_rows: list[list[torch.Tensor | None]] = []
 
-    def on_probs(layer: int, probs: torch.Tensor) -> None:  # probs [b, H, q, T + s] float32
+    def on_probs(layer: int, row: torch.Tensor) -> None:  # row [b, H, T + s] float32, one query per cell
         step = state["step"]
-        if step < 0:  # the question forward: the last prompt token is query index Q - 1
-            last_rows[layer] = probs[:, :, Q - 1, : T + Q].clone()
+        if step < 0:  # the question forward: the row of the last prompt token (query index Q - 1)
+            last_rows[layer] = row[..., : T + Q]
             return
-        row = probs[:, :, 0, :]  # [b, H, T + s]
         for name, idx in track_idx.items():
             gen_mass[name][rows, step, layer] = row.index_select(-1, idx).sum(-1)  # [b, H]
         if settings.keep_generated_rows:
             gen_rows[step][layer] = row.half()
 
-    ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None)
+    ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None, capture_query=Q - 1)
     with masked_attention(model, ctx):
         # 1) question (+ teacher-forced gold answer) for all cells
         ids = torch.tensor([question + gold], device=device).expand(B, -1)
@@ -146,6 +145,7 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             for b in range(B):
                 results[b].logits = logits[b].float().clone()
         cache.truncate(Q)
+        ctx.capture_query = 0  # decode steps have one query per cell
         nxt = logits[:, 0].argmax(-1)  # [B]
         # 2) greedy decoding, finished cells leave the batch
         for step in range(settings.max_new_tokens):
