@@ -189,3 +189,23 @@ def test_captured_attention_rows_equal_eager_attention_weights(setup):
         cfg._attn_implementation = prev
     eager = torch.stack([a[0, :, -1, :] for a in out.attentions])  # [L, H, T+Q]
     torch.testing.assert_close(res.full.last_attention, eager, atol=1e-5, rtol=0)
+
+
+def test_rollout_reuses_the_models_queries_exactly(setup):
+    """The evidence rollout fed by the prefill's q_proj hook equals one that recomputes the queries."""
+    from kvroute.engine.prefill import prefill
+    from kvroute.metrics.accessibility import EvidenceRollout
+
+    lm, prompt = setup
+    T = len(prompt.context_ids)
+    hooked = EvidenceRollout([5, 6, 7], T)
+    prefill(lm.model, prompt.context_ids, captures=[hooked])
+
+    class Recompute(EvidenceRollout):
+        def on_layer(self, *args, queries=None, **kwargs):  # drop the hooked queries
+            super().on_layer(*args, **kwargs)
+
+    recomputed = Recompute([5, 6, 7], T)
+    prefill(lm.model, prompt.context_ids, captures=[recomputed])
+    torch.testing.assert_close(hooked.shares(), recomputed.shares(), atol=1e-6, rtol=0)
+    assert hooked.shares().shape == (lm.info.num_layers, T) and float(hooked.shares()[0, 5]) == 1.0

@@ -25,8 +25,12 @@ def base_model(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def attention_hooks(model: nn.Module, hook: Callable[..., Any]) -> Iterator[None]:
+def attention_hooks(model: nn.Module, hook: Callable[..., Any],
+                    q_proj_hook: Callable[..., Any] | None = None) -> Iterator[None]:
     """Register ``hook(module, args, kwargs, output)`` on every attention module; expose ``rotary_emb``.
+
+    ``q_proj_hook(module, args, output)``, when given, is registered on each attention module's
+    ``q_proj``, so the queries the model computed can be reused instead of recomputed.
 
     Some kvpress scorers read ``module.rotary_emb`` (kvpress sets it in its own context manager);
     it is attached here for the duration and detached afterwards, so no state is left on the model.
@@ -41,6 +45,8 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any]) -> Iterator[None
                 attn.rotary_emb = base.rotary_emb
                 attached.append(attn)
             handles.append(attn.register_forward_hook(hook, with_kwargs=True))
+            if q_proj_hook is not None:
+                handles.append(attn.q_proj.register_forward_hook(q_proj_hook))
         yield
     finally:
         for h in handles:

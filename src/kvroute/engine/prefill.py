@@ -20,7 +20,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 
 from kvroute.engine.hooks import attention_hooks, base_model
 from kvroute.errors import EngineError
-from kvroute.models.queries import rotated_queries
+from kvroute.models.queries import rotate_queries, rotated_queries
 from kvroute.presses.scorers import ScoreInputs, Scorer
 from kvroute.presses.selection.chunk import chunk_bounds
 
@@ -41,7 +41,8 @@ class PrefillCapture(Protocol):
     """A consumer of per-layer prefill tensors (metrics use these, e.g. evidence leakage)."""
 
     def on_layer(self, layer_idx: int, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
-                 values: torch.Tensor, kwargs: dict[str, Any]) -> None: ...
+                 values: torch.Tensor, kwargs: dict[str, Any], queries: torch.Tensor | None = None) -> None:
+        """``queries``: the layer's post-RoPE queries ``[1, H, T, D]`` (as the model computed them)."""
 
 
 @dataclass
@@ -60,14 +61,15 @@ class PrefillResult:
 
 
 def prefill_attention(module: Any, hidden_states: torch.Tensor, keys: torch.Tensor,
-                      position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                      position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                      queries: torch.Tensor | None = None) -> torch.Tensor:
     """The layer's causal attention map ``[1, H, T, T]``, computed as transformers' eager attention does.
 
     Only scorers with ``needs_attentions`` (observed_attention) trigger this: it is the one place
     kvroute materialises an N×N map. ``module`` is a transformers attention module.
     """
     T = hidden_states.shape[1]
-    q = rotated_queries(module, hidden_states, position_embeddings)  # [1, H, T, D]
+    q = queries if queries is not None else rotated_queries(module, hidden_states, position_embeddings)  # [1, H, T, D]
     k = repeat_kv(keys, q.shape[1] // keys.shape[1])  # [1, H, T, D]
     w = torch.matmul(q, k.transpose(2, 3)) * module.scaling  # [1, H, T, T]
     causal = torch.ones(T, T, dtype=torch.bool, device=w.device).triu(1)
@@ -118,24 +120,31 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     ev = torch.as_tensor(list(evidence), dtype=torch.long, device=device) if evidence is not None else None
     per_layer: dict[Hashable, list[torch.Tensor]] = {r.key: [] for r in requests}
     need_attn = any(r.scorer.needs_attentions for r in requests)
+    need_queries = need_attn or bool(captures)
+    projected: list[torch.Tensor] = []  # the current layer's q_proj output, kept by a hook (no recompute)
 
     def hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         hidden = kwargs["hidden_states"]
         cache = kwargs["past_key_values"]
         layer: int = module.layer_idx
         keys, values = cache.layers[layer].keys, cache.layers[layer].values
-        attn = prefill_attention(module, hidden, keys, kwargs["position_embeddings"]) if need_attn else None
+        pos = kwargs["position_embeddings"]
+        q = rotate_queries(module, projected.pop(), pos) if need_queries else None  # [1, H, T, D]
+        attn = prefill_attention(module, hidden, keys, pos, q) if need_attn else None
         for r in requests:
             x = ScoreInputs(module, layer, hidden, keys, values, kwargs,
                             attn if r.scorer.needs_attentions else None, ev, seed)
             per_layer[r.key].append(_score_layer(r, x))
         for c in captures:
-            c.on_layer(layer, module, hidden, keys, values, kwargs)
+            c.on_layer(layer, module, hidden, keys, values, kwargs, queries=q)
+
+    def keep_projection(module: Any, args: Any, output: torch.Tensor) -> None:
+        projected[:] = [output]
 
     t0 = time.perf_counter()
     config: Any = model.config  # a transformers config
     cache = DynamicCache(config=config)
-    with attention_hooks(model, hook):
+    with attention_hooks(model, hook, q_proj_hook=keep_projection if need_queries else None):
         base_model(model)(input_ids=ids, past_key_values=cache, use_cache=True)
     keys, values = _filled_layers(cache)
     scores = {k: torch.cat(v, dim=0) for k, v in per_layer.items()}  # [L, Hkv, T] each

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.models.llama.modeling_llama import repeat_kv
+import torch.nn.functional as F
 
 from kvroute.metrics.base import CellContext, Metric, register
 from kvroute.models.queries import rotated_queries
@@ -28,33 +28,30 @@ from kvroute.models.queries import rotated_queries
 class EvidenceRollout:
     """Prefill capture: evidence share ``r[ℓ, t]`` of every context token's input to layer ℓ.
 
-    Memory is linear in T: the head-averaged attention is applied to the vector r chunk by chunk of
-    query rows, never materialising the T×T map.
+    Memory is linear in T: the head-averaged attention is applied to the vector r as the values of a
+    fused attention call, never materialising the T×T map; the queries are the ones the model
+    computed in the prefill (handed over by the prefill's ``q_proj`` hook).
     """
 
-    def __init__(self, evidence: list[int], num_tokens: int, row_chunk: int = 512) -> None:
+    def __init__(self, evidence: list[int], num_tokens: int) -> None:
         self.r = torch.zeros(num_tokens)
         if evidence:
             self.r[evidence] = 1.0
         self.rows: list[torch.Tensor] = []
-        self.row_chunk = row_chunk
 
     def on_layer(self, layer_idx: int, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor,
-                 values: torch.Tensor, kwargs: dict[str, Any]) -> None:
+                 values: torch.Tensor, kwargs: dict[str, Any], queries: torch.Tensor | None = None) -> None:
         r = self.r.to(keys.device)
         self.rows.append(r.cpu().clone())  # share in the input of layer `layer_idx`
         T = hidden_states.shape[1]
-        q = rotated_queries(module, hidden_states, kwargs["position_embeddings"])  # [1, H, T, D]
-        k = repeat_kv(keys, q.shape[1] // keys.shape[1])[0].float()  # [H, T, D]
-        mixed = torch.empty(T, device=keys.device)
-        for i in range(0, T, self.row_chunk):
-            qi = q[0, :, i : i + self.row_chunk].float()  # [H, c, D]
-            w = torch.matmul(qi, k.transpose(1, 2)) * module.scaling  # [H, c, T]
-            rows = torch.arange(i, i + qi.shape[1], device=w.device)
-            w = w.masked_fill(torch.arange(T, device=w.device)[None, :] > rows[:, None], float("-inf"))
-            a = torch.softmax(w, dim=-1).mean(0)  # [c, T] head-averaged
-            mixed[i : i + qi.shape[1]] = a @ r
-        self.r = (0.5 * r + 0.5 * mixed).cpu()
+        q = queries if queries is not None else rotated_queries(module, hidden_states, kwargs["position_embeddings"])
+        H, Hkv = q.shape[1], keys.shape[1]
+        # Ā r with Ā the head-averaged causal attention: attention whose values are r, averaged over heads;
+        # the fused kernel never materialises the T×T map
+        v = r.view(1, 1, T, 1).expand(1, Hkv, T, 1).float()
+        mixed = F.scaled_dot_product_attention(q.float(), keys.float(), v, is_causal=True, scale=module.scaling,
+                                               enable_gqa=H != Hkv)  # [1, H, T, 1]
+        self.r = (0.5 * r + 0.5 * mixed.mean(dim=1)[0, :, 0]).cpu()
 
     def shares(self) -> torch.Tensor:
         """``[L, T]``: evidence share of each token's input to each layer."""

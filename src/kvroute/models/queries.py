@@ -20,9 +20,14 @@ def rotated_queries(module: Any, hidden_states: torch.Tensor,
     ``module`` is a transformers attention module (read for ``head_dim``, ``q_proj`` and, when it
     has one, ``q_norm``); ``position_embeddings`` is the layer's ``(cos, sin)``, each ``[B, T, D]``.
     """
-    B, T, _ = hidden_states.shape
-    D = module.head_dim
-    q = module.q_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)  # [B, H, T, D]
+    return rotate_queries(module, module.q_proj(hidden_states), position_embeddings)
+
+
+def rotate_queries(module: Any, projected: torch.Tensor,
+                   position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Post-RoPE queries ``[B, H, T, D]`` from the ``q_proj`` output ``[B, T, H·D]`` (QK-norm, then RoPE)."""
+    B, T, _ = projected.shape
+    q = projected.view(B, T, -1, module.head_dim).transpose(1, 2)  # [B, H, T, D]
     if hasattr(module, "q_norm"):  # Qwen3 / Gemma3 QK-norm
         q = module.q_norm(q)
     cos, sin = position_embeddings
