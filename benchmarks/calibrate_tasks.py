@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> dict[tuple[str, str, int], tuple[float, int
                 ans: list[float] = []
                 una: list[float] = []
                 for inst in tasks:
-                    prompt = build_prompt(lm.tokenizer, inst, regime="agnostic", answer_prefix=args.answer_prefix)
+                    prompt = build_prompt(lm.tokenizer, inst, regime="agnostic", answer_prefix=args.answer_prefix,
+                                          system_prompt=args.system_prompt or None)
                     out = greedy_generate(lm, prompt.input_ids, max_new_tokens=args.max_new_tokens)
                     pred = answer_text(lm.tokenizer, out)
                     s = score(pred, inst)
@@ -130,6 +131,8 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--answer-prefix", default="Answer:",
                    help="appended after the chat template (kvpress's answer_prefix); keeps small models terse")
+    p.add_argument("--system-prompt", default="", help="a system message before the user message (default: none, "
+                   "i.e. the chat template's own default, as kvpress)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--out", default=str(Path(__file__).with_name("CALIBRATION.md")))
     p.add_argument("--answers", default="", help="write every answer to this JSONL file")
@@ -145,6 +148,7 @@ def main() -> None:
     doc = (f"# Task calibration: full-cache F1 per family and level\n\n"
            f"Produced by `{cmd.strip()}` ({args.n} instances per cell, seed {args.seed}, {args.dtype}, greedy, "
            f"max {args.max_new_tokens} new tokens, question-agnostic prompt, answer prefix {args.answer_prefix!r}, "
+           f"{'system prompt ' + repr(args.system_prompt) + ', ' if args.system_prompt else ''}"
            f"CPU; family versions {versions}; "
            f"{(time.perf_counter() - t0) / 60:.0f} min). Unanswerable items score 1 for an abstention.\n\n"
            f"{md}\n")

@@ -46,12 +46,15 @@ class EvidenceRollout:
         T = hidden_states.shape[1]
         q = queries if queries is not None else rotated_queries(module, hidden_states, kwargs["position_embeddings"])
         H, Hkv = q.shape[1], keys.shape[1]
-        # Ā r with Ā the head-averaged causal attention: attention whose values are r, averaged over heads;
-        # the fused kernel never materialises the T×T map
-        v = r.view(1, 1, T, 1).expand(1, Hkv, T, 1).float()
+        # Ā r with Ā the head-averaged causal attention: attention whose values are r, averaged over heads.
+        # r sits in column 0 of values as wide as the queries: with a narrower value head the CPU kernel
+        # falls back to the math path and materialises the T×T map (10x slower and quadratic memory at 4k)
+        D = q.shape[-1]
+        v = torch.zeros(1, Hkv, T, D, dtype=torch.float32, device=keys.device)
+        v[..., 0] = r.float()
         mixed = F.scaled_dot_product_attention(q.float(), keys.float(), v, is_causal=True, scale=module.scaling,
-                                               enable_gqa=H != Hkv)  # [1, H, T, 1]
-        self.r = (0.5 * r + 0.5 * mixed.mean(dim=1)[0, :, 0]).cpu()
+                                               enable_gqa=H != Hkv)  # [1, H, T, D]
+        self.r = (0.5 * r + 0.5 * mixed[..., 0].mean(dim=1)[0]).cpu()
 
     def shares(self) -> torch.Tensor:
         """``[L, T]``: evidence share of each token's input to each layer."""
