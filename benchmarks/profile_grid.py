@@ -61,8 +61,10 @@ class ForwardTimer:
         def post(_m, _args, _kwargs, _out):  # noqa: ANN001
             self.seconds[self._phase] += time.perf_counter() - self._t0
 
-        self._handles = [self.model.register_forward_pre_hook(pre, with_kwargs=True),
-                         self.model.register_forward_hook(post, with_kwargs=True)]
+        self._handles = [
+            self.model.register_forward_pre_hook(pre, with_kwargs=True),
+            self.model.register_forward_hook(post, with_kwargs=True),
+        ]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -92,8 +94,9 @@ def main() -> int:
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     base = lm.model.get_decoder()  # the decoder stack: kvpress calls it directly for its prefill
     engine.run(prompts[0], cells[:2], decode_full=False)  # warm-up
-    kvpress_answer(lm, prompts[0].kvpress_context, prompts[0].kvpress_question, "snapkv", 0.5, max_new_tokens=4,
-                   pipeline=pipe)
+    kvpress_answer(
+        lm, prompts[0].kvpress_context, prompts[0].kvpress_question, "snapkv", 0.5, max_new_tokens=4, pipeline=pipe
+    )
 
     # kvroute, phases (median over repeats of the per-phase sums)
     ours: dict[str, list[float]] = defaultdict(list)
@@ -120,8 +123,15 @@ def main() -> int:
         t0 = time.perf_counter()
         for p in prompts:
             for c in cells:
-                kvpress_answer(lm, p.kvpress_context, p.kvpress_question, c.press, c.ratio,
-                               max_new_tokens=args.max_new_tokens, pipeline=pipe)
+                kvpress_answer(
+                    lm,
+                    p.kvpress_context,
+                    p.kvpress_question,
+                    c.press,
+                    c.ratio,
+                    max_new_tokens=args.max_new_tokens,
+                    pipeline=pipe,
+                )
         wall_kvp = time.perf_counter() - t0
 
     # torch.profiler over one kvroute repeat
@@ -160,18 +170,25 @@ def main() -> int:
         "| kvroute phase | seconds (median) | share | model calls | token-forwards |",
         "|---|---|---|---|---|",
     ]
-    order = ["context prefill", "mask selection", "question forward", "decode steps",
-             "other (Python, scoring outside forwards)"]
+    order = [
+        "context prefill",
+        "mask selection",
+        "question forward",
+        "decode steps",
+        "other (Python, scoring outside forwards)",
+    ]
     for k in order:
         if k in ours:
             med = statistics.median(ours[k])
-            lines.append(f"| {k} | {med:.2f} | {pct(med, wall_ours)} | {calls_ours.get(k, '')} | "
-                         f"{tok_ours.get(k, '')} |")
+            lines.append(
+                f"| {k} | {med:.2f} | {pct(med, wall_ours)} | {calls_ours.get(k, '')} | {tok_ours.get(k, '')} |"
+            )
     lines += ["", "| kvpress phase | seconds | share | model calls | token-forwards |", "|---|---|---|---|---|"]
     for k in ["context prefill", "question forward", "decode steps"]:
         if k in fk.seconds:
-            lines.append(f"| {k} | {fk.seconds[k]:.2f} | {pct(fk.seconds[k], wall_kvp)} | {fk.calls[k]} | "
-                         f"{fk.tokens[k]} |")
+            lines.append(
+                f"| {k} | {fk.seconds[k]:.2f} | {pct(fk.seconds[k], wall_kvp)} | {fk.calls[k]} | {fk.tokens[k]} |"
+            )
     lines += [
         "",
         f"Token-forwards: kvpress {kvp_tokens}, kvroute {our_tokens} → ratio {bound:.1f}×. kvpress pays the "

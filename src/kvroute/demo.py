@@ -175,7 +175,12 @@ def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, 
     # the instances the sweep used, per model, to pick ticket and survival examples
     plan = plan_sweep(cfg)
     t1 = time.perf_counter()
-    have = set(load_tickets(run_dir).get("instance_id", [])) if (run_dir / "tickets.jsonl").exists() else set()
+    # tickets already searched, per model: a resumed demo searches only what is missing
+    have: set[tuple[str, str]] = set()
+    if (run_dir / "tickets.jsonl").exists():
+        done = load_tickets(run_dir)
+        if not done.empty:
+            have = set(zip(done["model"].astype(str), done["instance_id"].astype(str), strict=True))
     survival = None
     for spec in cfg.models:
         insts = [u.instance for u in plan.units if u.model == spec.name and u.instance.family == "base"]
@@ -185,7 +190,8 @@ def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, 
         mask_file = _save_survival(run_dir, lm, insts[0])
         if survival is None:
             survival = mask_file
-        todo = [i for i in insts if i.id not in have][: max(0, tickets)]
+        searched = sum(1 for m, _ in have if m == lm.name)
+        todo = [i for i in insts if (lm.name, i.id) not in have][: max(0, tickets - searched)]
         if todo and tickets:
             run_tickets(run_dir, lm, todo, progress=progress)
     seconds["tickets"] = time.perf_counter() - t1

@@ -44,3 +44,31 @@ def test_demo_runs_end_to_end_and_resumes(tiny_folder, tmp_path, monkeypatch):
     assert list((tmp_path / "run" / "masks").glob("*.npz"))
     again = run_demo([str(tiny_folder)], tmp_path / "run", scale=0.01, tickets=1, report_boot=50)
     assert again.summary["n_records"] == summary["n_records"]  # resumed: nothing recomputed or duplicated
+
+
+def test_resumed_demo_does_not_search_tickets_again(tiny_folder, tmp_path, monkeypatch):
+    import kvroute.demo as demo
+
+    monkeypatch.setattr(demo, "DEMO_PRESSES", DEMO_PRESSES[:1])
+    monkeypatch.setattr(demo, "DEMO_RATIOS", (0.0, 0.5))
+    monkeypatch.setattr(demo, "DEMO_LENGTHS", ((160, 1),))
+    monkeypatch.setattr(demo, "DEMO_FAMILIES", (("base", 1, 3),))
+    calls = []
+
+    def fake_run_tickets(run_dir, lm, instances, **kw):  # writes what the real search writes on success
+        calls.append([i.id for i in instances])
+        with (run_dir / "tickets.jsonl").open("a") as f:
+            for i in instances:
+                f.write(json.dumps({"model": lm.name, "target": "gold", "family": i.family, "instance_id": i.id,
+                                    "entries": 1, "total_entries": 10, "fraction": 0.1}) + "\n")
+        return len(instances)
+
+    monkeypatch.setattr(demo, "run_tickets", fake_run_tickets)
+    run_demo([str(tiny_folder)], tmp_path / "run", scale=1, tickets=1, report_boot=20)
+    assert len(calls) == 1 and len(calls[0]) == 1
+    run_demo([str(tiny_folder)], tmp_path / "run", scale=1, tickets=1, report_boot=20)
+    assert len(calls) == 1  # the model already has its ticket: nothing searched again
+    run_demo([str(tiny_folder)], tmp_path / "run", scale=1, tickets=2, report_boot=20)
+    assert len(calls) == 2 and len(calls[1]) == 1 and calls[1][0] != calls[0][0]  # only the missing one
+    lines = (tmp_path / "run" / "tickets.jsonl").read_text().splitlines()
+    assert len(lines) == 2

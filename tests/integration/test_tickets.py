@@ -37,3 +37,20 @@ def test_ticket_reproduces_the_full_answer(arch):
 def test_bad_target():
     with pytest.raises(ConfigError, match="target"):
         TicketSettings(target="nope")
+
+
+@pytest.mark.parametrize("cap", [3, 10, 25])
+def test_max_evaluations_is_a_hard_cap(cap):
+    lm = tiny_model("llama", seed=0)
+    inst = generate_tasks(TaskSpec("base", n=1, seed=1))[0]
+    ticket = find_ticket(lm, inst, settings=TicketSettings(target="full", max_new_tokens=4, batch=8, groups=8,
+                                                           refine_rounds=4, max_evaluations=cap))
+    assert len(ticket.history) <= cap
+    prompt = build_prompt(lm.tokenizer, inst)
+    pre = prefill(lm.model, prompt.context_ids)
+    from kvroute.presses import KeepMask
+
+    outs = decode_cells(lm.model, lm.tokenizer, pre, prompt.question_ids,
+                        [KeepMask(torch.ones_like(ticket.mask.mask)), ticket.mask],
+                        settings=DecodeSettings(max_new_tokens=4))
+    assert outs[1].tokens == outs[0].tokens  # still a real ticket under a tight budget

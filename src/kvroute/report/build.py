@@ -192,7 +192,8 @@ def _ticket_parts(tickets: pd.DataFrame | None, images: list[tuple[str, bytes]] 
 
 
 _ROUTES_COLS = [("model", "model"), ("regime", "regime"), ("press_a", "press"), ("press_b", "against"),
-                ("alpha_a", "α* (press)"), ("alpha_b", "α* (routes)"), ("delta_alpha", "Δα*"),
+                ("alpha_a", "α* (press)"), ("status_a", "fit (press)"), ("alpha_b", "α* (routes)"),
+                ("status_b", "fit (routes)"), ("delta_alpha", "Δα*"),
                 ("delta_alpha_low", "Δα* low"), ("delta_alpha_high", "Δα* high"), ("boot_valid", "replicates with cliffs"),
                 ("delta_h_top", "mean ΔH, α ≥ 0.7"), ("delta_h_top_low", "low"), ("delta_h_top_high", "high"),
                 ("n_instances", "instances")]

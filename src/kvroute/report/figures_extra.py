@@ -47,8 +47,14 @@ def routes_figure(cmp: pd.DataFrame | None) -> Figure | None:
         ax.fill_between(c["ratio"], c["delta_low"], c["delta_high"], alpha=0.25, color="#2ca02c")
         ax.plot(c["ratio"], c["delta_h"], "o-", ms=3, color="#2ca02c")
         d = row.get("delta_alpha")
-        note = f"Δα* = {d:+.3f}" if d is not None and not pd.isna(d) else "Δα*: no cliff in both"
-        ax.set_title(f"{short(row['model'], 24)}: {short(row['press_b'], 28)}\nvs {short(row['press_a'], 36)} ({note})",
+        if d is not None and not pd.isna(d):
+            note = f"Δα* = {d:+.3f}"
+        else:  # say which side has no located cliff (e.g. beyond_grid), not "neither"
+            missing = [f"{short(str(row[p]), 20)} {row.get('status_' + p[-1], '')}".strip()
+                       for p in ("press_a", "press_b") if row.get("alpha_" + p[-1]) is None
+                       or pd.isna(row.get("alpha_" + p[-1]))]
+            note = "Δα* undefined: " + ", ".join(missing)
+        ax.set_title(f"{short(row['model'], 24)}: {short(row['press_b'], 28)}\nvs {short(row['press_a'], 36)}\n{note}",
                      fontsize=8)
         ax.set_xlabel("compression ratio α")
         ax.set_ylabel("ΔH = H(routes) − H(other)")

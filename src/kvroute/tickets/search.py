@@ -142,6 +142,9 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
         history.extend((int(m.mask.sum()), p) for m, p in zip(masks, ok, strict=True))
         return ok
 
+    def left() -> int:  # evaluations still allowed; max_evaluations is a hard cap
+        return settings.max_evaluations - len(history)
+
     with progress.task(f"ticket search for {instance.id}", total=settings.max_evaluations) as bar:
         def run(masks: list[KeepMask]) -> list[bool]:
             ok = evaluate(masks)
@@ -151,7 +154,7 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
         # 2) forward pruning on a geometric grid, then refinement
         sizes: list[int] = []
         k = N // 2
-        while k >= 1 and len(sizes) < settings.batch:
+        while k >= 1 and len(sizes) < min(settings.batch, settings.max_evaluations - 1):
             sizes.append(k)
             k //= 2
         ok = run([from_entries(order[:k]) for k in sizes])
@@ -162,7 +165,7 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
             if best - fail_below <= 1 or len(history) >= settings.max_evaluations:
                 break
             step = max(1, (best - fail_below) // (settings.batch + 1))
-            cand = sorted({k for k in range(fail_below + step, best, step)})[: settings.batch]
+            cand = sorted({k for k in range(fail_below + step, best, step)})[: min(settings.batch, left())]
             if not cand:
                 break
             ok = run([from_entries(order[:k]) for k in cand])
@@ -186,10 +189,12 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
             keep_sets = [torch.cat([c for j, c in enumerate(chunks) if j != i]) for i in range(len(chunks))]
             removable: list[int] = []
             for s in range(0, len(keep_sets), settings.batch):
-                part = keep_sets[s : s + settings.batch]
-                ok = run([from_entries(e) for e in part if len(e)])
+                part = [e for e in keep_sets[s : s + settings.batch] if len(e)][: left()]
+                if not part:
+                    break
+                ok = run([from_entries(e) for e in part])
                 removable += [s + i for i, p in enumerate(ok) if p]
-            if removable:
+            if removable and left() > 0:
                 rest = [c for j, c in enumerate(chunks) if j not in set(removable)]
                 trial = torch.cat(rest) if rest else entries[:0]
                 if len(trial) and run([from_entries(trial)])[0]:
@@ -198,6 +203,8 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
                     # add removed groups back, most important first, until the answer passes again
                     back = sorted(removable, reverse=True)
                     for i in range(len(back)):
+                        if left() <= 0:
+                            break
                         with_back = torch.cat(rest + [chunks[j] for j in back[: i + 1]])
                         if run([from_entries(with_back)])[0]:
                             entries = by_importance(with_back)
