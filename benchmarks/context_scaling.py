@@ -119,6 +119,13 @@ def main() -> int:
                      f"| {c['peak_mb']:.0f} | {cr['peak_mb']:.0f} | {obs_s} |")
     big = args.lengths[-1]
     over = 100 * (statistics.median(res[("capture", big)]["times"]) / statistics.median(res[("plain", big)]["times"]) - 1)
+    per_len = {n: 100 * (statistics.median(res[("capture", n)]["times"])
+                         / statistics.median(res[("plain", n)]["times"]) - 1) for n in args.lengths}
+    met = [n for n, o in per_len.items() if o < 15]
+    lines += ["", "Goal: capture overhead under 15%. " + (
+        f"Met at {', '.join(map(str, met))} tokens; " if met else "Not met at any length; ") + (
+        "missed at " + ", ".join(f"{n} ({o:+.0f}%, by {o - 15:.0f} points)" for n, o in per_len.items() if o >= 15)
+        + " — see profile_capture for where it goes." if len(met) < len(per_len) else "met at every length.")]
     lines += ["", f"capture overhead at {big} tokens: {over:+.0f}%"]
     write("context_scaling", lines)
     print("\n".join(lines))

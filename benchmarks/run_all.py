@@ -2,6 +2,7 @@
 
     python benchmarks/run_all.py                 # all of them
     python benchmarks/run_all.py grid_speed      # only these (RESULTS.md still collects every result)
+    python benchmarks/run_all.py --collect       # run nothing, only rewrite RESULTS.md from results/
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ ORDER = ["load_speed", "equivalence", "grid_speed", "profile_grid", "metrics_ove
 
 def main() -> int:
     failed = []
-    chosen = sys.argv[1:] or ORDER
+    collect_only = sys.argv[1:] == ["--collect"]
+    chosen = [] if collect_only else (sys.argv[1:] or ORDER)
     unknown = [n for n in chosen if n not in ORDER]
     if unknown:
         print(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(ORDER)}", file=sys.stderr)
