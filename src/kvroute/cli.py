@@ -475,7 +475,6 @@ def ticket(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
 ) -> None:
     """Search a token-route lottery ticket: a small set of kept KV entries that still yields the answer."""
-    import json
 
     import numpy as np
 
@@ -506,18 +505,9 @@ def ticket(
                   f"{s['tokens_kept']}/{s['context_tokens']}", f"{s['evidence_tokens_in_ticket']}/{s['evidence_tokens']}",
                   f"mean {np.mean(hp):.1f}, max {max(hp)}" if hp else "-", s["answer"][:40], str(s["evaluations"]))
         if out is not None:
-            from kvroute.report.heatmap import survival_heatmap
-            from kvroute.report.render import png_bytes
+            from kvroute.tickets import save_ticket
 
-            (out / "tickets").mkdir(parents=True, exist_ok=True)
-            np.savez_compressed(out / "tickets" / f"{inst.id}.npz", keep=np.packbits(tk.mask.mask.cpu().numpy()),
-                                shape=np.array(tk.mask.shape), evidence=np.array(tk.evidence))
-            if tk.evidence:
-                fig = survival_heatmap(tk.mask.mask.cpu().numpy(), tk.evidence, answer=tk.answer_positions,
-                                       title=f"ticket {inst.id} ({100 * s['fraction']:.2f}% of the cache)")
-                (out / "tickets" / f"{inst.id}.png").write_bytes(png_bytes(fig))
-            with (out / "tickets.jsonl").open("a") as f:
-                f.write(json.dumps({"model": model, "target": target, "family": inst.family, **s}) + "\n")
+            save_ticket(out, lm.name, target, inst.family, tk)
     console.print(t)
     if out is not None:
         console.print(f"tickets written to {out / 'tickets.jsonl'} (masks and heatmaps in {out / 'tickets'})")

@@ -92,25 +92,16 @@ def run_tickets(run_dir: Path, lm: Any, instances: Sequence[Any], *, max_evaluat
                 progress: Progress = SILENT) -> int:
     """Search tickets for ``instances`` (skipping those the full cache answers wrongly); append to tickets.jsonl."""
     from kvroute.errors import EngineError
-    from kvroute.report.heatmap import survival_heatmap
-    from kvroute.report.render import png_bytes
-    from kvroute.tickets import TicketSettings, find_ticket
+    from kvroute.tickets import TicketSettings, find_ticket, save_ticket
 
     done = 0
-    (run_dir / "tickets").mkdir(parents=True, exist_ok=True)
     for inst in instances:
         try:
             tk = find_ticket(lm, inst, settings=TicketSettings(max_evaluations=max_evaluations), progress=progress)
         except EngineError as e:
             log.info("no ticket for %s: %s", inst.id, e)
             continue
-        s = tk.summary()
-        with (run_dir / "tickets.jsonl").open("a") as f:
-            f.write(json.dumps({"model": lm.name, "target": "gold", "family": inst.family, **s}) + "\n")
-        if tk.evidence:
-            fig = survival_heatmap(tk.mask.mask.cpu().numpy(), tk.evidence, answer=tk.answer_positions,
-                                   title=f"{lm.name}: ticket for {inst.id} ({100 * s['fraction']:.2f}% of the cache)")
-            (run_dir / "tickets" / f"{lm.name}-{inst.id}.png").write_bytes(png_bytes(fig))
+        save_ticket(run_dir, lm.name, "gold", inst.family, tk)
         done += 1
     return done
 

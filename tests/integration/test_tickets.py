@@ -54,3 +54,22 @@ def test_max_evaluations_is_a_hard_cap(cap):
                         [KeepMask(torch.ones_like(ticket.mask.mask)), ticket.mask],
                         settings=DecodeSettings(max_new_tokens=4))
     assert outs[1].tokens == outs[0].tokens  # still a real ticket under a tight budget
+
+
+def test_saved_ticket_round_trips_and_is_listed(tmp_path):
+    from kvroute.analysis.tickets import load_tickets
+    from kvroute.tickets import load_ticket_mask, save_ticket
+
+    lm = tiny_model("qwen2", seed=0)
+    inst = generate_tasks(TaskSpec("base", n=1, seed=1))[0]
+    tk = find_ticket(lm, inst, settings=TicketSettings(target="full", max_new_tokens=4, batch=8, groups=8,
+                                                       refine_rounds=2, max_evaluations=24))
+    line = save_ticket(tmp_path, "tiny/qwen2", "full", inst.family, tk)
+    save_ticket(tmp_path, "other", "full", inst.family, tk)
+    stem = f"qwen2-{inst.id}"
+    mask = load_ticket_mask(tmp_path / "tickets" / f"{stem}.npz")
+    assert mask.shape == tuple(tk.mask.shape) and (mask == tk.mask.mask.cpu().numpy()).all()
+    assert (tmp_path / "tickets" / f"{stem}.png").is_file() == bool(tk.evidence)
+    df = load_tickets(tmp_path)
+    assert list(df["model"]) == ["tiny/qwen2", "other"] and df["entries"].tolist() == [tk.size, tk.size]
+    assert line["instance_id"] == inst.id and line["target"] == "full"

@@ -154,7 +154,7 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
         # 2) forward pruning on a geometric grid, then refinement
         sizes: list[int] = []
         k = N // 2
-        while k >= 1 and len(sizes) < min(settings.batch, settings.max_evaluations - 1):
+        while k >= 1 and len(sizes) < min(settings.batch, left()):
             sizes.append(k)
             k //= 2
         ok = run([from_entries(order[:k]) for k in sizes])
