@@ -24,19 +24,22 @@ RATIOS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 GRIDS = [(1, [0.5]), (1, [0.25, 0.5, 0.75]), (3, [0.25, 0.5, 0.75]), (3, RATIOS)]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def grid_args(description: str, *, repeats: int = 3) -> argparse.Namespace:
+    """The command line shared by grid_speed and profile_grid (they measure the same workload)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=repeats)
     ap.add_argument("--max-new-tokens", type=int, default=24)
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def grid_setup(args: argparse.Namespace):  # noqa: ANN201 - (lm, tasks, prompts, engine, pipeline)
+    """Model, `base` instances and prompts, an answers-only engine and the kvpress pipeline, both warmed up."""
     from kvroute.engine import Cell, DecodeSettings, Engine
     from kvroute.engine.reference import kvpress_answer, kvpress_pipeline
     from kvroute.models import load_model
-    from kvroute.runner import RunSettings, run_instance
     from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
 
     lm = load_model(args.model, dtype="float32")
@@ -48,6 +51,17 @@ def main() -> int:
     engine.run(prompts[0], [Cell("snapkv", 0.5)], decode_full=False)
     kvpress_answer(lm, prompts[0].kvpress_context, prompts[0].kvpress_question, "snapkv", 0.5, max_new_tokens=4,
                    pipeline=pipe)
+    return lm, tasks, prompts, engine, pipe
+
+
+def main() -> int:
+    args = grid_args(__doc__.splitlines()[0])
+
+    from kvroute.engine import Cell, Engine
+    from kvroute.engine.reference import kvpress_answer
+    from kvroute.runner import RunSettings, run_instance
+
+    lm, tasks, prompts, engine, pipe = grid_setup(args)
 
     rows = []
     agree = total = 0

@@ -16,7 +16,6 @@ cost per token-forward is flat (a compute-bound CPU), and torch.profiler lists k
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -24,9 +23,7 @@ from collections import defaultdict
 
 import torch
 from common import environment, write
-
-PRESSES = ["snapkv", "expected_attention", "streaming_llm"]
-RATIOS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+from grid_speed import PRESSES, RATIOS, grid_args, grid_setup
 
 
 class ForwardTimer:
@@ -73,30 +70,14 @@ class ForwardTimer:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--instances", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    args = grid_args(__doc__.splitlines()[0])
 
-    from kvroute.engine import Cell, DecodeSettings, Engine
-    from kvroute.engine.reference import kvpress_answer, kvpress_pipeline
-    from kvroute.models import load_model
-    from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
+    from kvroute.engine import Cell
+    from kvroute.engine.reference import kvpress_answer
 
-    lm = load_model(args.model, dtype="float32")
-    tasks = generate_tasks(TaskSpec("base", n=args.instances, seed=11, target_tokens=args.tokens), lm.tokenizer)
-    prompts = [build_prompt(lm.tokenizer, t) for t in tasks]
-    engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False))
-    pipe = kvpress_pipeline(lm)
+    lm, _tasks, prompts, engine, pipe = grid_setup(args)
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     base = lm.model.get_decoder()  # the decoder stack: kvpress calls it directly for its prefill
-    engine.run(prompts[0], cells[:2], decode_full=False)  # warm-up
-    kvpress_answer(
-        lm, prompts[0].kvpress_context, prompts[0].kvpress_question, "snapkv", 0.5, max_new_tokens=4, pipeline=pipe
-    )
 
     # kvroute, phases (median over repeats of the per-phase sums)
     ours: dict[str, list[float]] = defaultdict(list)
