@@ -6,18 +6,14 @@ import pytest
 from typer.testing import CliRunner
 
 from kvroute.cli import app
-from kvroute.models import tiny_model
+from kvroute.models import save_tiny_model
 from kvroute.records import KEY_FIELDS, METRIC_FIELDS
 from kvroute.tasks import TaskSpec, generate_tasks, save_tasks
 
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-qwen2")
-    lm = tiny_model("qwen2", seed=0)
-    lm.model.save_pretrained(d, safe_serialization=True)
-    lm.tokenizer.save_pretrained(d)
-    return d
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", seed=0)
 
 
 def test_run_writes_one_record_per_cell_with_the_required_fields(tiny_folder, tmp_path):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvroute.demo import DEMO_PRESSES, DEMO_RATIOS, demo_config, run_demo
-from kvroute.models import tiny_model
+from kvroute.models import save_tiny_model
 from kvroute.sweep import sweep_config_from_mapping
 
 
@@ -20,11 +20,7 @@ def test_demo_config_is_a_valid_sweep_with_the_required_presses():
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    lm = tiny_model("llama", seed=0)
-    lm.model.save_pretrained(d, safe_serialization=True)
-    lm.tokenizer.save_pretrained(d)
-    return d
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=0)
 
 
 def test_demo_runs_end_to_end_and_resumes(tiny_folder, tmp_path, monkeypatch):

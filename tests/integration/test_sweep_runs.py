@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import kvroute.models
 from kvroute.cli import app
 from kvroute.errors import ConfigError, StoreLockedError
-from kvroute.models import tiny_model
+from kvroute.models import save_tiny_model
 from kvroute.sweep import load_sweep_config, read_records, run_sweep
 from kvroute.sweep.manifest import read_manifest
 from kvroute.sweep.store import STORE_NAME, Store
@@ -41,9 +41,7 @@ max_new_tokens = 4
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep")
-    lm = tiny_model("qwen2", seed=0)
-    lm.model.save_pretrained(d / "tiny-qwen2", safe_serialization=True)
-    lm.tokenizer.save_pretrained(d / "tiny-qwen2")
+    save_tiny_model(d / "tiny-qwen2", "qwen2", seed=0)
     (d / "sweep.toml").write_text(CONFIG.format(model=d / "tiny-qwen2", n=N_INSTANCES))
     return d
 

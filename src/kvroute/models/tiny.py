@@ -9,6 +9,7 @@ same code paths as with the embedded models.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -90,3 +91,12 @@ def tiny_model(arch: str = "llama", *, seed: int = 0, layers: int = 3, heads: in
     name = f"tiny-{arch}-s{seed}"
     return LoadedModel(model=model, tokenizer=tiny_tokenizer(), name=name, kind="tiny", path=name,
                        info=model_info(model), meta={"seed": seed})
+
+
+def save_tiny_model(folder: str | Path, arch: str = "llama", *, seed: int = 0) -> Path:
+    """Write :func:`tiny_model` as a local Hugging Face folder (safetensors + tokenizer) that ``load_model`` reads."""
+    folder = Path(folder)
+    lm = tiny_model(arch, seed=seed)
+    lm.model.save_pretrained(folder, safe_serialization=True)
+    lm.tokenizer.save_pretrained(folder)
+    return folder
