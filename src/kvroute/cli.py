@@ -472,9 +472,15 @@ def ticket(
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 16,
     max_evaluations: Annotated[int, typer.Option(help="Budget of decoded candidate masks per instance.")] = 400,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory: appends tickets.jsonl, writes masks and heatmaps.")] = None,
+    answer_prefix: Annotated[str | None, typer.Option(help="Text after the question, as in the sweep's decoding.answer_prefix (default: the --out run's, else none).")] = None,
+    system_prompt: Annotated[str | None, typer.Option(help="System prompt, as in the sweep's decoding.system_prompt (default: the --out run's, else none).")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
 ) -> None:
-    """Search a token-route lottery ticket: a small set of kept KV entries that still yields the answer."""
+    """Search a token-route lottery ticket: a small set of kept KV entries that still yields the answer.
+
+    The prompt is built as the sweep in --out built it (its manifest's answer prefix and system
+    prompt), so the ticket answers the same prompt as the cells whose cliffs it is compared with.
+    """
 
     import numpy as np
 
@@ -491,6 +497,16 @@ def ticket(
 
             raise UnknownNameError("instance id", i, list(by_id)[:20], f"({len(by_id)} instances in {tasks})")
         chosen.append(by_id[i])
+    if out is not None and (answer_prefix is None or system_prompt is None):
+        from kvroute.sweep.manifest import read_manifest
+
+        decoding = ((read_manifest(out) or {}).get("config") or {}).get("decoding") or {}
+        if answer_prefix is None and decoding.get("answer_prefix") is not None:
+            answer_prefix = decoding["answer_prefix"]
+            console.print(f"[dim]answer prefix {answer_prefix!r} from {out}'s manifest[/dim]")
+        if system_prompt is None and decoding.get("system_prompt") is not None:
+            system_prompt = decoding["system_prompt"]
+            console.print(f"[dim]system prompt from {out}'s manifest[/dim]")
     lm = load_model_cli(model, device, "float32")
     t = Table(title=f"token-route lottery tickets ({lm.name}, target {target})")
     for col in ("instance", "entries kept", "share of cache", "tokens kept", "evidence tokens in ticket",
@@ -498,7 +514,7 @@ def ticket(
         t.add_column(col)
     for inst in chosen:
         tk = find_ticket(lm, inst, regime="aware" if question_aware else "agnostic", settings=settings,
-                         progress=RichProgress())
+                         system_prompt=system_prompt, answer_prefix=answer_prefix or "", progress=RichProgress())
         s = tk.summary()
         hp = s["evidence_heads_per_token"]
         t.add_row(inst.id, f"{s['entries']:,}/{s['total_entries']:,}", f"{100 * s['fraction']:.2f}%",

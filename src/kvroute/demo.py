@@ -89,15 +89,19 @@ def _save_survival(run_dir: Path, lm: Any, instance: Any) -> Path:
 
 
 def run_tickets(run_dir: Path, lm: Any, instances: Sequence[Any], *, max_evaluations: int = 120,
-                progress: Progress = SILENT) -> int:
-    """Search tickets for ``instances`` (skipping those the full cache answers wrongly); append to tickets.jsonl."""
+                system_prompt: str | None = None, answer_prefix: str = "", progress: Progress = SILENT) -> int:
+    """Search tickets for ``instances`` (skipping those the full cache answers wrongly); append to tickets.jsonl.
+
+    ``system_prompt`` and ``answer_prefix`` are the sweep's, so tickets answer the prompt the cells did.
+    """
     from kvroute.errors import EngineError
     from kvroute.tickets import TicketSettings, find_ticket, save_ticket
 
     done = 0
     for inst in instances:
         try:
-            tk = find_ticket(lm, inst, settings=TicketSettings(max_evaluations=max_evaluations), progress=progress)
+            tk = find_ticket(lm, inst, settings=TicketSettings(max_evaluations=max_evaluations),
+                             system_prompt=system_prompt, answer_prefix=answer_prefix, progress=progress)
         except EngineError as e:
             log.info("no ticket for %s: %s", inst.id, e)
             continue
@@ -184,7 +188,8 @@ def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, 
         searched = sum(1 for m, _ in have if m == lm.name)
         todo = [i for i in insts if (lm.name, i.id) not in have][: max(0, tickets - searched)]
         if todo and tickets:
-            run_tickets(run_dir, lm, todo, progress=progress)
+            run_tickets(run_dir, lm, todo, system_prompt=cfg.settings.system_prompt,
+                        answer_prefix=cfg.settings.answer_prefix, progress=progress)
     seconds["tickets"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     df = load_records(run_dir)

@@ -73,3 +73,33 @@ def test_saved_ticket_round_trips_and_is_listed(tmp_path):
     df = load_tickets(tmp_path)
     assert list(df["model"]) == ["tiny/qwen2", "other"] and df["entries"].tolist() == [tk.size, tk.size]
     assert line["instance_id"] == inst.id and line["target"] == "full"
+
+
+def test_ticket_counts_the_always_kept_question_suffix():
+    lm = tiny_model("llama", seed=0)
+    inst = generate_tasks(TaskSpec("base", n=1, seed=1))[0]
+    tk = find_ticket(lm, inst, settings=TicketSettings(target="full", max_new_tokens=4, batch=8, groups=8,
+                                                       refine_rounds=2, max_evaluations=24))
+    prompt = build_prompt(lm.tokenizer, inst)
+    L, Hkv, T = tk.mask.shape
+    s = tk.summary()
+    assert s["question_tokens"] == len(prompt.question_ids) > 0
+    assert s["question_entries"] == L * Hkv * len(prompt.question_ids)
+    expected = (tk.size + s["question_entries"]) / (L * Hkv * T + s["question_entries"])
+    assert s["fraction_with_question"] == pytest.approx(expected)
+    assert s["fraction_with_question"] > s["fraction"]  # the suffix is kept whole, so the full footprint is larger
+
+
+def test_ticket_search_builds_the_sweeps_prompt():
+    lm = tiny_model("llama", seed=0)
+    inst = generate_tasks(TaskSpec("base", n=1, seed=1))[0]
+    plain = build_prompt(lm.tokenizer, inst)
+    prefixed = build_prompt(lm.tokenizer, inst, answer_prefix="Answer:", system_prompt="Be brief.")
+    assert len(prefixed.question_ids) != len(plain.question_ids) or prefixed.context_ids != plain.context_ids
+    tk = find_ticket(lm, inst, settings=TicketSettings(target="full", max_new_tokens=4, batch=8, groups=8,
+                                                       refine_rounds=1, max_evaluations=12),
+                     answer_prefix="Answer:", system_prompt="Be brief.")
+    assert tk.mask.shape[2] == len(prefixed.context_ids)
+    assert tk.question_tokens == len(prefixed.question_ids)
+    s = tk.summary()
+    assert s["answer_prefix"] == "Answer:" and s["system_prompt"] == "Be brief."

@@ -171,7 +171,9 @@ def _ticket_parts(tickets: pd.DataFrame | None, images: list[tuple[str, bytes]] 
     if tickets is None or tickets.empty:
         return [h.note("No tickets in this run (write some with `kvroute ticket --out RUN_DIR`).")]
     cols = [("model", "model"), ("instance_id", "instance"), ("family", "family"), ("target", "target"),
-            ("entries", "entries kept"), ("total_entries", "cache entries"), ("fraction", "share of cache"),
+            ("regime", "regime"), ("entries", "entries kept"), ("total_entries", "context entries"),
+            ("fraction", "share of context"), ("question_tokens", "question tokens (always kept)"),
+            ("fraction_with_question", "share incl. question"),
             ("tokens_kept", "tokens kept"), ("context_tokens", "context tokens"),
             ("evidence_tokens_in_ticket", "evidence tokens in ticket"), ("evidence_tokens", "evidence tokens"),
             ("answer", "answer"), ("evaluations", "decodes")]
@@ -181,11 +183,15 @@ def _ticket_parts(tickets: pd.DataFrame | None, images: list[tuple[str, bytes]] 
              h.table(tickets, [c for c in cols if c[0] in tickets.columns], text_columns=["answer"])]
     cmp = tickets_vs_cliffs(tickets, cliffs)
     if not cmp.empty and "press" in cmp.columns:
-        parts.append(h.paragraph("Median ticket size against the share a press keeps at its cliff (1 − α*): "
-                                 "how much more of the cache a press needs than the routes that carry the answer."))
-        parts.append(h.table(cmp, [("model", "model"), ("press", "press"), ("regime", "regime"),
+        parts.append(h.paragraph("Median ticket size against the share of the context a press keeps at its cliff "
+                                 "(1 − α*), matched by model, regime and the tickets' task family (the pooled curve "
+                                 "when that family has no curve of its own): how much more of the cache a press needs "
+                                 "than the routes that carry the answer. Both count context entries; the question "
+                                 "suffix, kept whole in every cell, is shown apart in the table above."))
+        parts.append(h.table(cmp, [c for c in [("model", "model"), ("regime", "regime"), ("family", "ticket family"),
+                                   ("press", "press"), ("cliff_family", "cliff curve"), ("tickets", "tickets"),
                                    ("ticket_median", "ticket (median share)"), ("kept_at_cliff", "kept at cliff"),
-                                   ("cliff_over_ticket", "ratio")]))
+                                   ("cliff_over_ticket", "ratio")] if c[0] in cmp.columns]))
     for caption, png in (images or [])[:3]:
         parts.append(h.figure(f"fig-ticket-{len(parts)}", data_uri(png), caption))
     return parts

@@ -16,7 +16,13 @@ The search, for one instance (all candidate masks of a round are decoded in one 
 "Passes" means the greedy answer is classified ``correct`` against the gold answers
 (``target="gold"``) or reproduces the full cache's answer tokens exactly (``target="full"``).
 Every ticket returned has been decoded and passed; its size is reported as a share of the
-``L · Hkv · T`` context entries.
+``L · Hkv · T`` context entries (the entries a press's ratio refers to), and separately with the
+``L · Hkv · Q`` entries of the question suffix, which every cell keeps whole (they are appended
+after compression), so the full footprint of the ticket is never understated.
+
+The prompt is built exactly as the sweep builds it: pass the sweep's ``system_prompt`` and
+``answer_prefix`` (``kvroute ticket --out RUN_DIR`` reads them from the run's manifest), or the
+ticket answers a different prompt than the cells it is compared with.
 """
 
 from __future__ import annotations
@@ -67,6 +73,10 @@ class Ticket:
     evidence: list[int]  # context positions of the evidence tokens
     answer_positions: list[int]
     history: list[tuple[int, bool]] = field(default_factory=list)  # (entries kept, passed) for every decode
+    question_tokens: int = 0  # Q: the suffix appended after compression, kept whole by every head
+    regime: str = "agnostic"
+    answer_prefix: str = ""
+    system_prompt: str | None = None
 
     @property
     def size(self) -> int:
@@ -75,6 +85,17 @@ class Ticket:
     @property
     def fraction(self) -> float:
         return self.size / self.mask.mask.numel()
+
+    @property
+    def question_entries(self) -> int:
+        """``L · Hkv · Q``: the question suffix's entries, kept in every cell (not part of the search)."""
+        L, Hkv, _ = self.mask.shape
+        return L * Hkv * self.question_tokens
+
+    @property
+    def fraction_with_question(self) -> float:
+        """Share of all cache entries (context and question suffix) the ticket keeps, the suffix included."""
+        return (self.size + self.question_entries) / (self.mask.mask.numel() + self.question_entries)
 
     def heads_per_token(self, positions: list[int]) -> list[int]:
         """For each position, how many (layer, KV head) pairs keep it in the ticket."""
@@ -86,6 +107,9 @@ class Ticket:
         return {
             "instance_id": self.instance_id, "entries": self.size, "total_entries": L * Hkv * T,
             "fraction": self.fraction, "tokens_kept": int(self.mask.mask.any(0).any(0).sum()), "context_tokens": T,
+            "question_tokens": self.question_tokens, "question_entries": self.question_entries,
+            "fraction_with_question": self.fraction_with_question, "regime": self.regime,
+            "answer_prefix": self.answer_prefix, "system_prompt": self.system_prompt,
             "answer": self.answer, "full_answer": self.full_answer, "evaluations": self.evaluations,
             "evidence_heads_per_token": ev_heads,
             "evidence_tokens_in_ticket": sum(1 for k in ev_heads if k > 0), "evidence_tokens": len(ev_heads),
@@ -105,9 +129,14 @@ def importance(full: CellOutput, T: int, group_size: int) -> torch.Tensor:
 
 
 def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: TicketSettings = TicketSettings(),
-                progress: Progress = SILENT) -> Ticket:
-    """Search a token-route lottery ticket for ``instance`` on ``lm`` (see the module docstring)."""
-    prompt = build_prompt(lm.tokenizer, instance, regime=regime)
+                system_prompt: str | None = None, answer_prefix: str = "", progress: Progress = SILENT) -> Ticket:
+    """Search a token-route lottery ticket for ``instance`` on ``lm`` (see the module docstring).
+
+    ``system_prompt`` and ``answer_prefix`` build the prompt as a sweep with those decoding
+    settings does; use the sweep's own when the ticket is compared with its cliffs.
+    """
+    prompt = build_prompt(lm.tokenizer, instance, regime=regime, system_prompt=system_prompt,
+                          answer_prefix=answer_prefix)
     T = prompt.n_context
     pre = prefill(lm.model, prompt.context_ids)
     L, Hkv = len(pre.keys), pre.keys[0].shape[1]
@@ -217,7 +246,9 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
         raise EngineError("internal error: the ticket does not reproduce a passing answer")
     ev = [p for p in prompt.evidence_positions if p < T]
     ans = [p for p in prompt.answer_positions if p < T]
-    return Ticket(instance.id, ticket, final.text.strip(), full.text.strip(), len(history) + 1, ev, ans, history)
+    return Ticket(instance.id, ticket, final.text.strip(), full.text.strip(), len(history) + 1, ev, ans, history,
+                  question_tokens=len(prompt.question_ids), regime=regime, answer_prefix=prompt.answer_prefix,
+                  system_prompt=system_prompt)
 
 
 Checker = Callable[[CellOutput], bool]
