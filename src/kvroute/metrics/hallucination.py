@@ -1,14 +1,19 @@
-"""The hallucination taxonomy: correct, partial, abstained, distractor, fabricated.
+"""The hallucination taxonomy: correct, distractor, abstained, partial, fabricated.
 
-Rules, in order, for an answerable item:
-1. ``abstained``: the answer declines (see kvroute.metrics.abstention).
-2. ``correct``: a normalised gold answer occurs as whole words in the answer, or exact match.
-3. ``partial``: token F1 with the gold answers above ``partial_f1`` (default 0) but not correct.
-4. ``distractor``: the answer contains another value present in the instance (a wrong binding).
+Rules, decided in this order, for an answerable item:
+1. ``correct``: a normalised gold answer occurs as whole words in the answer, or exact match — even
+   with hedging words around it ("The text does not say exactly, but it is Pellmarsh").
+2. ``distractor``: the answer names another value present in the instance (a wrong binding), even
+   when it shares a word with the gold ("Frostfield League" for gold "Cobaltwick League").
+3. ``abstained``: the answer declines (see kvroute.metrics.abstention) and names no candidate value
+   (gold or distractor; a named gold or distractor was already decided by 1 or 2).
+4. ``partial``: token F1 with the gold answers above ``partial_f1`` (default 0) but none of the above.
 5. ``fabricated``: anything else.
-For an unanswerable item (gold "I don't know"): abstaining is ``correct``; otherwise the answer is a
-``distractor`` if it names a value of the instance, else ``fabricated``.
-Hallucinated = distractor or fabricated (so any non-abstention on an unanswerable item counts).
+For an unanswerable item (gold "I don't know"): an answer naming a value of the instance is a
+``distractor`` (also when hedged: "I don't know, maybe Tobin Hale"); otherwise abstaining is
+``correct`` and anything else ``fabricated``.
+Hallucinated = distractor or fabricated, so on an unanswerable item any answer other than a clean
+abstention (one that names no candidate value) counts.
 """
 
 from __future__ import annotations
@@ -20,28 +25,32 @@ from kvroute.metrics.abstention import is_abstention
 from kvroute.metrics.base import CellContext, Metric, register
 from kvroute.metrics.utilization import contains_answer, exact_match, f1_score, normalize_answer
 
-OUTCOMES = ("correct", "partial", "abstained", "distractor", "fabricated")
+OUTCOMES = ("correct", "distractor", "abstained", "partial", "fabricated")  # the order of the rules
 HALLUCINATIONS = ("distractor", "fabricated")
+
+
+def names_distractor(answer: str, golds: Sequence[str], distractors: Sequence[str]) -> bool:
+    """Whether ``answer`` names (as whole words) a distractor value that does not itself contain a gold."""
+    return any(normalize_answer(d) and contains_answer(answer, [d]) and not contains_answer(d, golds)
+               for d in distractors)
 
 
 def classify(answer: str, golds: Sequence[str], distractors: Sequence[str] = (), *, unanswerable: bool = False,
              partial_f1: float = 0.0) -> str:
-    """The taxonomy class of ``answer`` (see the module docstring for the rules)."""
-    abstained = is_abstention(answer)
-    wrong_binding = any(normalize_answer(d) and contains_answer(answer, [d]) and not contains_answer(d, golds)
-                        for d in distractors)
+    """The taxonomy class of ``answer`` (see the module docstring for the rules and their order)."""
+    wrong_binding = names_distractor(answer, golds, distractors)
     if unanswerable:
-        if abstained:
-            return "correct"
-        return "distractor" if wrong_binding else "fabricated"
-    if abstained:
-        return "abstained"
+        if wrong_binding:
+            return "distractor"
+        return "correct" if is_abstention(answer) else "fabricated"
     if contains_answer(answer, golds) or exact_match(answer, golds):
         return "correct"
-    if f1_score(answer, golds) > partial_f1:
-        return "partial"
     if wrong_binding:
         return "distractor"
+    if is_abstention(answer):
+        return "abstained"
+    if f1_score(answer, golds) > partial_f1:
+        return "partial"
     return "fabricated"
 
 
