@@ -1,13 +1,46 @@
-"""The GER–hallucination link.
+"""The GER–hallucination link: a within-ratio test (the headline) and the paper's pooled r.
 
-* Across ratios: for each (model, press, regime, family) curve, the mean GER and the
-  hallucination rate at each tested ratio (baseline included) give one point per ratio; Pearson
-  and Spearman r with their two-sided p-values are computed over those points (scipy.stats).
-* Per instance: among compressed cells (ratio > 0), P(hallucinated | answer globally evicted)
-  against P(hallucinated | not). "Globally evicted" means ``ger_all_layers >= threshold`` with
-  ``threshold = 1.0`` by default: *every* answer token is gone from every head of every layer.
-  Fisher's exact test gives a p-value; it treats cells as independent, which they are not quite
-  (one instance contributes a cell per ratio), so read it as a guide.
+**Within ratio (headline), :func:`within_ratio_link`.** Per (model, press, regime, family) group,
+over compressed cells (ratio > 0) whose GER is defined, a logistic regression of the cell's
+``hallucinated`` flag on its ``ger`` with one intercept per stratum (stratum = ratio; in the
+families-pooled group ``family == "all"`` it is ratio × family, so neither α nor the task family can
+produce the slope)::
+
+    logit P(H = 1 | stratum s, GER) = a_s + β · GER
+
+β is the change in log-odds per unit GER *at the same ratio*; ``or_per_tenth = exp(0.1 β)`` is the
+odds ratio per +0.1 GER. Why ``ger`` and not ``ger_all_layers``: ``ger`` is the headline GER of
+SCIENCE.md and the x axis of the paper's r, and it is graded (a share of (layer, answer-token)
+pairs), so it varies between cells of one ratio; ``ger_all_layers`` is nearly binary (0 until the
+whole answer is gone everywhere), and its information is used by the risk difference below.
+Strata where every cell has the same H, or the same GER, say nothing about β (their intercept
+absorbs them) and are left out of the fit; the counts of cells, instances and strata used are reported.
+The fit is Newton–Raphson on the log-likelihood with a light ridge (``RIDGE/2 · β²``, and a far
+lighter ``INTERCEPT_RIDGE`` on the intercepts) so that separated data give finite numbers; separation is flagged when a refit with a 100× lighter
+ridge moves the slope by more than 5% (without separation the maximum-likelihood slope exists and
+the ridge barely moves it).
+
+The **stratified risk difference** P(H | evicted) − P(H | retained) uses "globally evicted" =
+``ger_all_layers >= threshold`` (the same definition as the failure decomposition; at the default
+threshold 1 it is identical to ``ger == 1``), and averages the per-stratum differences with
+Mantel–Haenszel weights ``n_evicted · n_retained / n`` (strata with only one side weigh nothing).
+
+Both intervals are percentile intervals of an **instance-clustered bootstrap**: instances are
+resampled with replacement and carry all their cells (every ratio, every family), so the
+dependence between one instance's cells is respected. Each replicate is a weighted refit (all
+replicates are fitted at once). The verdict says plainly when the data cannot decide: the
+interval spans 0, or too few informative cells/instances/strata.
+
+**Pooled across ratios (comparison only), :func:`ger_hallucination_correlation`.** For each curve,
+the mean GER and the hallucination rate at each ratio (baseline included) give one point per
+ratio; Pearson and Spearman r with scipy's p-values over those ≤ 10 points. Both curves rise with
+α, so r is high whether or not eviction matters at a given ratio (confounded by α), and the
+p-value treats the ratio points as independent. It is kept to compare with the paper's r = 0.79–0.93.
+
+**Conditional rates, :func:`conditional_hallucination`.** P(H | evicted) and P(H | retained)
+*pooled over ratios* (labelled so: more eviction happens at higher α, where H is higher anyway),
+with Fisher's exact p (cells treated as independent), next to the within-ratio (Mantel–Haenszel)
+difference ``difference_within_ratio``.
 """
 
 from __future__ import annotations
@@ -17,10 +50,30 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.special import expit
 
-from kvroute.analysis.common import CURVE_KEYS, as_key, attach_baseline, pooled, require_columns
+from kvroute.analysis.bootstrap import percentile_interval, resample_weights
+from kvroute.analysis.common import (
+    ALL,
+    CURVE_KEYS,
+    AnalysisError,
+    as_key,
+    attach_baseline,
+    group_seed,
+    pooled,
+    require_columns,
+)
 
 GLOBAL_EVICTION_THRESHOLD = 1.0
+#: ridge on the slope (a N(0, 1/ridge) prior: sd ≈ 32 log-odds per unit GER) — light, only against separation
+RIDGE = 1e-3
+#: ridge on the stratum intercepts: only keeps an intercept finite where a stratum's H is constant in a replicate
+#: (a heavier one would pull large intercepts toward 0 and bias the slope)
+INTERCEPT_RIDGE = 1e-6
+#: below these the within-ratio verdict is "too few data"
+MIN_CELLS = 20
+MIN_INSTANCES = 5
+_BLOCK = 250  # bootstrap replicates fitted together (bounds memory at [block, cells])
 
 
 def correlate(x: Sequence[float], y: Sequence[float]) -> dict[str, object]:
@@ -48,10 +101,12 @@ def correlate(x: Sequence[float], y: Sequence[float]) -> dict[str, object]:
 
 def ger_hallucination_correlation(df: pd.DataFrame, *, ger_col: str = "ger", value_col: str = "hallucinated",
                                   keys: Sequence[str] = CURVE_KEYS, pool_families: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Correlation of mean GER and hallucination rate across the ratio grid, per group of ``keys``.
+    """Pooled (curve-level) correlation of mean GER and hallucination rate across the ratio grid, per group.
 
-    Returns ``(points, table)``: ``points`` has one row per (group, ratio) with ``ger`` and ``h``;
-    ``table`` one row per group with ``n_points``, ``pearson_r``/``_p``, ``spearman_r``/``_p``, ``note``.
+    Confounded by α by construction (see the module docstring); the within-ratio reading is
+    :func:`within_ratio_link`. Returns ``(points, table)``: ``points`` has one row per (group, ratio)
+    with ``ger`` and ``h``; ``table`` one row per group with ``n_points``, ``pearson_r``/``_p``,
+    ``spearman_r``/``_p``, ``note``.
     """
     keys = list(keys)
     data = attach_baseline(df)
@@ -66,25 +121,279 @@ def ger_hallucination_correlation(df: pd.DataFrame, *, ger_col: str = "ger", val
     return points, pd.DataFrame(rows)
 
 
+# ---------------------------------------------------------------------------------------------
+# the within-ratio model
+
+
+def _by_stratum(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums over each stratum's (contiguous) cells along the last axis: ``[..., n]`` → ``[..., S]``."""
+    return np.add.reduceat(values, starts, axis=-1)
+
+
+def fit_stratified_logit(y: np.ndarray, x: np.ndarray, strata: np.ndarray, weights: np.ndarray | None = None, *,
+                         ridge: float = RIDGE, intercept_ridge: float = INTERCEPT_RIDGE, max_iter: int = 50,
+                         tol: float = 1e-8) -> tuple[np.ndarray, np.ndarray]:
+    """Ridge-penalised logistic regression ``logit P(y) = a[strata] + β x``, many weightings at once.
+
+    ``y`` (0/1), ``x`` and ``strata`` (any sortable labels) are ``[n]``; ``weights`` is ``[B, n]``
+    (case weights, e.g. bootstrap counts; default one row of ones). Penalty ``ridge/2 · β² +
+    intercept_ridge/2 · Σ a_s²``. Newton–Raphson with the Hessian's arrow structure (diagonal in
+    the intercepts) solved by its Schur complement, so each step costs O(B·n). Returns
+    ``(beta [B], intercepts [B, S])`` with the strata in sorted order.
+    """
+    y = np.asarray(y, float)
+    x = np.asarray(x, float)
+    if not (np.isfinite(y).all() and np.isfinite(x).all()):
+        raise AnalysisError("fit_stratified_logit needs finite y and x (drop cells with undefined GER first)")
+    _, s = np.unique(np.asarray(strata), return_inverse=True)
+    w = np.ones((1, len(y))) if weights is None else np.atleast_2d(np.asarray(weights, float))
+    order = np.argsort(s, kind="stable")  # cells of one stratum contiguous, for reduceat
+    y, x, s, w = y[order], x[order], s[order], w[:, order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if len(s) else np.zeros(0, int)
+    wn, wy = _by_stratum(w, starts), _by_stratum(w * y, starts)  # [B, S]
+    a = np.log((wy + 0.5) / (wn - wy + 0.5))
+    b = np.zeros(w.shape[0])
+    live = np.arange(w.shape[0])  # replicates still iterating
+    for _ in range(max_iter):
+        wl, al, bl = w[live], a[live], b[live]
+        mu = expit(al[:, s] + bl[:, None] * x)  # [b, n]
+        r, v = wl * (y - mu), wl * mu * (1 - mu)
+        vx = v * x
+        g_a, g_b = _by_stratum(r, starts) - intercept_ridge * al, r @ x - ridge * bl
+        d = _by_stratum(v, starts) + intercept_ridge  # [b, S]
+        c = _by_stratum(vx, starts)
+        e = vx @ x + ridge
+        db = (g_b - (c * g_a / d).sum(1)) / np.maximum(e - (c * c / d).sum(1), 1e-12)
+        da = (g_a - c * db[:, None]) / d
+        db, da = np.clip(db, -5, 5), np.clip(da, -5, 5)
+        b[live], a[live] = bl + db, al + da
+        # converged: the slope step is tiny and so is every intercept step weighted by its information
+        # (a stratum whose H is constant in a replicate has its intercept drift off with no information left)
+        done = (np.abs(db) < tol) & (np.abs(da * np.sqrt(d)) < tol).all(1)
+        live = live[~done]
+        if not len(live):
+            break
+    return b, a
+
+
+def _cluster_stratum_sums(values: np.ndarray, clusters: np.ndarray | None, s: np.ndarray, n_strata: int,
+                          n_clusters: int | None = None) -> np.ndarray:
+    """Sums of per-cell ``values`` per (cluster, stratum): ``[C, S]`` (each cell its own cluster when None)."""
+    if clusters is None:
+        out = np.zeros((len(s), n_strata))
+        out[np.arange(len(s)), s] = values
+        return out
+    c = np.asarray(clusters)
+    n_c = n_clusters if n_clusters is not None else (int(c.max()) + 1 if len(c) else 0)
+    return np.bincount(c * n_strata + s, weights=values, minlength=n_c * n_strata).reshape(n_c, n_strata)
+
+
+def mh_risk_difference(h: np.ndarray, evicted: np.ndarray, strata: np.ndarray, weights: np.ndarray | None = None,
+                       clusters: np.ndarray | None = None) -> np.ndarray:
+    """Mantel–Haenszel risk difference of ``h`` between evicted and retained cells over ``strata``.
+
+    ``Σ_s (h1_s n0_s − h0_s n1_s) / n_s  /  Σ_s n1_s n0_s / n_s`` with (weighted) counts per stratum;
+    one value per row of ``weights``; NaN where no stratum has both sides. ``weights`` is ``[B, n]``
+    per cell, or ``[B, C]`` per cluster when ``clusters`` (``[n]`` int codes 0..C−1) is given.
+    """
+    h = np.asarray(h, float)
+    ev = np.asarray(evicted, bool).astype(float)
+    _, s = np.unique(np.asarray(strata), return_inverse=True)
+    n_s = int(s.max()) + 1 if len(s) else 0
+    size = len(h) if clusters is None else int(np.max(clusters)) + 1 if len(h) else 0
+    w = np.ones((1, size)) if weights is None else np.atleast_2d(np.asarray(weights, float))
+    n1, n0, h1, h0 = (w @ _cluster_stratum_sums(v, clusters, s, n_s, w.shape[1])
+                      for v in (ev, 1 - ev, ev * h, (1 - ev) * h))
+    n = np.where(n1 + n0 > 0, n1 + n0, 1.0)
+    num, den = ((h1 * n0 - h0 * n1) / n).sum(1), (n1 * n0 / n).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _strata_informative(y: np.ndarray, x: np.ndarray, s: np.ndarray, clusters: np.ndarray,
+                        w: np.ndarray) -> np.ndarray:
+    """Per row of cluster weights ``w`` ``[B, C]``: whether some stratum has both H values and more than one GER value."""
+    n_s = int(s.max()) + 1
+    n, n1, sx, sxx = (w @ _cluster_stratum_sums(v, clusters, s, n_s, w.shape[1])
+                      for v in (np.ones_like(y), y, x, x * x))
+    safe = np.where(n > 0, n, 1.0)
+    var = np.where(n > 0, sxx / safe - (sx / safe) ** 2, 0.0)
+    return ((n1 > 0) & (n1 < n) & (var > 1e-12)).any(1)
+
+
+WITHIN_COLUMNS = ["n_cells", "n_instances", "n_strata", "n_cells_fit", "n_instances_fit", "n_strata_fit",
+                  "n_undefined", "n_hallucinated", "n_evicted", "strata", "slope", "slope_low", "slope_high",
+                  "slope_se", "or_per_tenth", "or_per_tenth_low", "or_per_tenth_high", "risk_difference",
+                  "risk_difference_low", "risk_difference_high", "n_strata_rd", "boot_valid", "verdict", "note"]
+
+
+def within_ratio_link(df: pd.DataFrame, *, ger_col: str = "ger", value_col: str = "hallucinated",
+                      evicted_col: str = "ger_all_layers", threshold: float = GLOBAL_EVICTION_THRESHOLD,
+                      keys: Sequence[str] = CURVE_KEYS, pool_families: bool = True, n_boot: int = 1000,
+                      confidence: float = 0.95, seed: int = 0, ridge: float = RIDGE,
+                      min_cells: int = MIN_CELLS, min_instances: int = MIN_INSTANCES) -> pd.DataFrame:
+    """Does global eviction raise P(hallucination) *at the same ratio*? One row per group of ``keys``.
+
+    See the module docstring for the model. Columns (:data:`WITHIN_COLUMNS`): counts of compressed
+    cells with defined GER (``n_cells``/``n_instances``/``n_strata``) and of those in informative
+    strata that the slope uses (``*_fit``), ``n_undefined`` (GER undefined: left out), ``strata``
+    (what a stratum is), ``slope`` (log-odds per unit GER) with its percentile interval and bootstrap
+    ``slope_se``, ``or_per_tenth`` = exp(0.1·slope) with its interval, the Mantel–Haenszel
+    ``risk_difference`` evicted − retained with its interval and ``n_strata_rd`` (strata with both
+    sides), ``boot_valid`` (share of replicates that could be fitted), ``verdict`` ("raises H",
+    "lowers H", "undecided", "too few data", "raises H (separated)", "lowers H (separated)",
+    "no data") and a plain ``note``.
+    When ``evicted_col`` is missing and ``threshold >= 1``, ``ger_col == 1`` stands in (the same
+    cells); otherwise the risk difference is left empty.
+    """
+    keys = list(keys)
+    data = attach_baseline(df)
+    require_columns(data, [ger_col, value_col, *keys], "the within-ratio GER–hallucination test")
+    families = data["family"].nunique()
+    data = data.assign(_fam=data["family"])  # the cell's own family, kept when pooling relabels it "all"
+    if pool_families and "family" in keys:
+        data = pooled(data)
+    data = data[(data["ratio"] > 0) & data[value_col].notna()]
+    ev_all = None  # 1.0 evicted, 0.0 retained, NaN undefined (never "retained")
+    if evicted_col in data.columns or threshold >= 1:
+        col = pd.to_numeric(data[evicted_col if evicted_col in data.columns else ger_col], errors="coerce")
+        ev_all = col.ge(threshold if evicted_col in data.columns else 1.0).astype(float).where(col.notna())
+    data = data.assign(_g=pd.to_numeric(data[ger_col], errors="coerce"),
+                       _h=data[value_col].astype(bool).astype(float),
+                       _ev=ev_all if ev_all is not None else np.nan)
+    rows = []
+    for key, g in data.groupby(keys, sort=True):
+        k = as_key(keys, key)
+        by_family = families > 1 and k.get("family") == ALL
+        rows.append({**k, **_within_one(g, by_family, ev_all is not None, n_boot=n_boot, confidence=confidence,
+                                        rng=group_seed(seed, ("within_ratio", key)), ridge=ridge,
+                                        min_cells=min_cells, min_instances=min_instances)})
+    return pd.DataFrame(rows, columns=[*keys, *WITHIN_COLUMNS])
+
+
+def _within_one(g: pd.DataFrame, by_family: bool, has_ev: bool, *, n_boot: int, confidence: float,
+                rng: np.random.Generator, ridge: float, min_cells: int, min_instances: int) -> dict[str, object]:
+    out: dict[str, object] = dict.fromkeys(WITHIN_COLUMNS)
+    n_undef = int(g["_g"].isna().sum())
+    g = g[g["_g"].notna()]
+    stratum = (g["ratio"].map("{:g}".format) + "|" + g["_fam"].astype(str)) if by_family else g["ratio"].map("{:g}".format)
+    out.update(n_undefined=n_undef, n_cells=len(g), n_instances=int(g["instance_id"].nunique()),
+               n_strata=int(stratum.nunique()), strata="ratio × family" if by_family else "ratio",
+               n_hallucinated=int(g["_h"].sum()), n_evicted=int((g["_ev"] > 0.5).sum()) if has_ev else None)
+    if g.empty:
+        out.update(verdict="no data", note="no compressed cell with a defined GER and an H value", n_cells_fit=0,
+                   n_instances_fit=0, n_strata_fit=0, n_strata_rd=0)
+        return out
+    inst, inst_idx = np.unique(g["instance_id"].to_numpy(), return_inverse=True)
+    _, s = np.unique(stratum.to_numpy(), return_inverse=True)
+    y, x = g["_h"].to_numpy(float), g["_g"].to_numpy(float)
+    # informative strata: both H values and more than one GER value
+    st = pd.DataFrame({"s": s, "y": y, "x": x}).groupby("s").agg(y_lo=("y", "min"), y_hi=("y", "max"),
+                                                                  x_lo=("x", "min"), x_hi=("x", "max"))
+    keep_s = st.index[(st.y_lo < st.y_hi) & (st.x_lo < st.x_hi)].to_numpy()
+    fit = np.isin(s, keep_s)
+    sf = np.unique(s[fit], return_inverse=True)[1]  # codes 0..S_fit−1 of the informative strata
+    out.update(n_cells_fit=int(fit.sum()), n_instances_fit=int(len(np.unique(inst_idx[fit]))), n_strata_fit=len(keep_s))
+    if has_ev:  # the risk difference uses the cells whose evicted flag is defined
+        e_ok = np.isfinite(g["_ev"].to_numpy(float))
+        ev, y_ev, s_ev, c_ev = g["_ev"].to_numpy(float)[e_ok] > 0.5, y[e_ok], s[e_ok], inst_idx[e_ok]
+        both = pd.DataFrame({"s": s_ev, "e": ev}).groupby("s")["e"].agg(["min", "max"])
+        out["n_strata_rd"] = int((both["min"] < both["max"]).sum())
+        out["risk_difference"] = _num(mh_risk_difference(y_ev, ev, s_ev)[0])
+    slope, separated = None, False
+    if fit.any():
+        slope = float(fit_stratified_logit(y[fit], x[fit], s[fit], ridge=ridge)[0][0])
+        lighter = float(fit_stratified_logit(y[fit], x[fit], s[fit], ridge=ridge / 100,
+                                             intercept_ridge=INTERCEPT_RIDGE / 100)[0][0])
+        out.update(slope=slope, or_per_tenth=float(np.exp(0.1 * slope)))
+        separated = abs(lighter - slope) > 0.05 * abs(slope) + 0.05
+    # instance-clustered bootstrap: replicate weights per instance, carried to each of its cells
+    w_inst = resample_weights(len(inst), n_boot, rng)  # [B, I]
+    slopes, rds, valid = [], [], []
+    for lo in range(0, n_boot, _BLOCK):
+        wi = w_inst[lo:lo + _BLOCK].astype(float)  # [b, I]
+        if slope is not None:
+            ok = _strata_informative(y[fit], x[fit], sf, inst_idx[fit], wi)
+            b = fit_stratified_logit(y[fit], x[fit], sf, wi[:, inst_idx[fit]], ridge=ridge)[0]
+            slopes.append(np.where(ok, b, np.nan))
+            valid.append(ok)
+        if has_ev:
+            rds.append(mh_risk_difference(y_ev, ev, s_ev, wi, clusters=c_ev))
+    conf = confidence
+    if slopes:
+        bs = np.concatenate(slopes)
+        out["boot_valid"] = float(np.concatenate(valid).mean())
+        if np.isfinite(bs).sum() >= 2:
+            lo_, hi_ = percentile_interval(bs, conf)
+            out.update(slope_low=float(lo_), slope_high=float(hi_), slope_se=float(np.nanstd(bs, ddof=1)),
+                       or_per_tenth_low=float(np.exp(0.1 * lo_)), or_per_tenth_high=float(np.exp(0.1 * hi_)))
+    if rds:
+        br = np.concatenate(rds)
+        if np.isfinite(br).sum() >= 2:
+            lo_, hi_ = percentile_interval(br, conf)
+            out.update(risk_difference_low=float(lo_), risk_difference_high=float(hi_))
+    out["verdict"], out["note"] = _verdict(out, separated, min_cells, min_instances, conf)
+    return out
+
+
+def _verdict(o: dict[str, object], separated: bool, min_cells: int, min_instances: int,
+             conf: float) -> tuple[str, str]:
+    counts = (f"{o['n_cells_fit']} cells of {o['n_instances_fit']} instances in {o['n_strata_fit']} informative "
+              f"{o['strata']} strata (of {o['n_cells']} cells, {o['n_strata']} strata)")
+    if o["slope"] is None:
+        return "too few data", (f"no {o['strata']} stratum has both hallucinated and correct cells with differing "
+                                f"GER; {counts}")
+    if o["n_cells_fit"] < min_cells or o["n_instances_fit"] < min_instances:
+        return "too few data", f"the data cannot decide: only {counts}"
+    if separated:
+        way = "raises H" if float(o["slope"]) > 0 else "lowers H"
+        return f"{way} (separated)", (f"GER separates H within ratio: the slope ({o['slope']:.1f}) is held finite only "
+                                      f"by the ridge, so read its sign and the risk difference, not its size; {counts}")
+    lo, hi = o["slope_low"], o["slope_high"]
+    if lo is None or hi is None:
+        return "too few data", f"no bootstrap interval; {counts}"
+    rd = ""
+    if o["risk_difference"] is not None and o["risk_difference_low"] is not None:
+        rd = (f"; within-ratio ΔP(H) evicted − retained {o['risk_difference']:+.3f} "
+              f"[{o['risk_difference_low']:+.3f}, {o['risk_difference_high']:+.3f}]")
+    ci = f"OR per +0.1 GER {o['or_per_tenth']:.2f} [{o['or_per_tenth_low']:.2f}, {o['or_per_tenth_high']:.2f}]"
+    if lo > 0:
+        return "raises H", f"at the same ratio, more eviction → more hallucination: {ci}{rd}; {counts}"
+    if hi < 0:
+        return "lowers H", f"at the same ratio, more eviction → less hallucination: {ci}{rd}; {counts}"
+    return "undecided", f"the data cannot decide: the {conf:.0%} interval spans no effect, {ci}{rd}; {counts}"
+
+
+def _num(v: float) -> float | None:
+    return float(v) if np.isfinite(v) else None
+
+
 def conditional_hallucination(df: pd.DataFrame, *, threshold: float = GLOBAL_EVICTION_THRESHOLD,
                               ger_col: str = "ger_all_layers", value_col: str = "hallucinated",
                               keys: Sequence[str] = CURVE_KEYS, by_ratio: bool = False,
                               pool_families: bool = True) -> pd.DataFrame:
     """P(hallucinated | globally evicted) vs P(hallucinated | not), over compressed cells, per group.
 
-    Columns: ``n_evicted``, ``p_h_evicted``, ``n_kept``, ``p_h_kept``, ``difference``,
-    ``risk_ratio``, ``fisher_p`` (None where a side is empty). ``by_ratio`` adds ``ratio`` to the keys.
+    ``p_h_evicted``, ``p_h_kept``, ``difference``, ``risk_ratio`` and ``fisher_p`` are **pooled over
+    the ratios** of the group (confounded by α: eviction is commoner at high α, where H is higher
+    anyway); ``difference_within_ratio`` is the Mantel–Haenszel difference over ratio strata (ratio ×
+    family in the families-pooled group), ``n_strata_both`` the strata with evicted and retained
+    cells. Cells with undefined GER are left out. ``by_ratio`` adds ``ratio`` to the keys (then the
+    two differences coincide). None where a side is empty.
     """
     from scipy import stats
 
     keys = list(keys) + (["ratio"] if by_ratio else [])
     data = attach_baseline(df)
     require_columns(data, [ger_col, value_col, *keys], "P(hallucination | global eviction)")
+    families = data["family"].nunique()
+    data = data.assign(_fam=data["family"])
     if pool_families and "family" in keys:
         data = pooled(data)
     data = data[(data["ratio"] > 0) & data[ger_col].notna() & data[value_col].notna()]
     rows = []
     for key, g in data.groupby(keys, sort=True):
+        k = as_key(keys, key)
         ev = pd.to_numeric(g[ger_col], errors="coerce").to_numpy(float) >= threshold
         h = g[value_col].astype(bool).to_numpy()
         a, b = int((ev & h).sum()), int((ev & ~h).sum())
@@ -92,8 +401,13 @@ def conditional_hallucination(df: pd.DataFrame, *, threshold: float = GLOBAL_EVI
         p1 = a / (a + b) if a + b else None
         p0 = c / (c + d) if c + d else None
         fisher = float(stats.fisher_exact([[a, b], [c, d]])[1]) if (a + b) and (c + d) else None
-        rows.append({**as_key(keys, key), "n_evicted": a + b, "p_h_evicted": p1, "n_kept": c + d, "p_h_kept": p0,
+        strata = g["ratio"].astype(str) + ("|" + g["_fam"].astype(str) if families > 1 and k.get("family") == ALL else "")
+        both = pd.DataFrame({"s": strata.to_numpy(), "e": ev}).groupby("s")["e"].agg(["min", "max"])
+        rows.append({**k, "n_evicted": a + b, "p_h_evicted": p1, "n_kept": c + d, "p_h_kept": p0,
                      "difference": None if p1 is None or p0 is None else p1 - p0,
-                     "risk_ratio": None if p1 is None or not p0 else p1 / p0, "fisher_p": fisher})
-    cols = [*keys, "n_evicted", "p_h_evicted", "n_kept", "p_h_kept", "difference", "risk_ratio", "fisher_p"]
+                     "risk_ratio": None if p1 is None or not p0 else p1 / p0, "fisher_p": fisher,
+                     "difference_within_ratio": _num(mh_risk_difference(h, ev, strata.to_numpy())[0]),
+                     "n_strata_both": int((both["min"] < both["max"]).sum())})
+    cols = [*keys, "n_evicted", "p_h_evicted", "n_kept", "p_h_kept", "difference", "risk_ratio", "fisher_p",
+            "difference_within_ratio", "n_strata_both"]
     return pd.DataFrame(rows, columns=cols)
