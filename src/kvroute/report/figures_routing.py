@@ -60,7 +60,7 @@ def rau_figure(routing: pd.DataFrame) -> Figure | None:
 
 
 def decomposition_figure(decomp: pd.DataFrame) -> Figure | None:
-    """Failure rate split into erasure and retained (rigidity-candidate) failures, stacked over the ratio."""
+    """Failure rate split into erasure, retained (rigidity-candidate) and undefined-GER failures, stacked over the ratio."""
     if decomp is None or decomp.empty:
         return None
     groups = _press_panels(decomp)
@@ -68,8 +68,11 @@ def decomposition_figure(decomp: pd.DataFrame) -> Figure | None:
     fig, axes = panels(len(groups), sharey=True)
     for ax, (key, g) in zip(axes, groups, strict=True):
         g = g.sort_values("ratio")
-        ax.stackplot(g["ratio"], g["erasure_rate"], g["retained_rate"], colors=["#d62728", "#ff9896"], alpha=0.85,
-                     labels=["erasure: answer globally evicted", "retained: answer kept in some head"])
+        undefined = g["undefined_rate"] if "undefined_rate" in g.columns else 0 * g["erasure_rate"]
+        ax.stackplot(g["ratio"], g["erasure_rate"], g["retained_rate"], undefined,
+                     colors=["#d62728", "#ff9896", "#bbbbbb"], alpha=0.85,
+                     labels=["erasure: answer globally evicted", "retained: answer kept in some head",
+                             "undefined GER: no answer in the context"])
         ax.plot(g["ratio"], g["failure_rate"], "k-", lw=1, label="failure rate")
         ax.set_title(_title(key, with_regime), fontsize=9)
         ax.set_xlabel("compression ratio α")
@@ -89,10 +92,15 @@ def _pick_ratios(ratios: list[float], n: int = 3) -> list[float]:
     return [comp[i] for i in idx]
 
 
-def consensus_figure(profiles: pd.DataFrame, *, label: str = "consensus") -> Figure | None:
-    """Layer-wise profile per model side by side: the full cache (ratio 0) against a few compressed ratios.
+def consensus_figure(profiles: pd.DataFrame, *, group: pd.DataFrame | None = None,
+                     label: str = "sink-free consensus") -> Figure | None:
+    """Layer-wise profile per model side by side: the full cache (ratio 0, with its instance-bootstrap
+    interval when the table has ``low``/``high``) against a few compressed ratios.
 
-    Compressed profiles are averaged over presses and regimes.
+    ``profiles`` is a :func:`kvroute.analysis.curves.layer_profiles` table (the sink-free per-head
+    consensus by default); ``group``, when given, the GQA-aware (KV group) profile, drawn dotted for
+    the full cache — the one comparable across models. Compressed profiles are averaged over presses
+    and regimes.
     """
     if profiles is None or profiles.empty:
         return None
@@ -102,9 +110,18 @@ def consensus_figure(profiles: pd.DataFrame, *, label: str = "consensus") -> Fig
     cmap = color_map(ratios)
     for ax, model in zip(axes, models, strict=True):
         p = profiles[profiles["model"] == model]
-        full = p[p["ratio"] == 0].groupby("layer")["value"].mean()
+        base = p[p["ratio"] == 0]
+        full = base.groupby("layer")["value"].mean()
         if not full.empty:
             ax.plot(full.index, full.values, "k-", lw=2, label="full cache (α = 0)")
+            if {"low", "high"} <= set(base.columns) and base["low"].notna().any():
+                band = base.groupby("layer")[["low", "high"]].mean()
+                ax.fill_between(band.index, band["low"], band["high"], color="k", alpha=0.15, lw=0,
+                                label="95% interval (instances)")
+        if group is not None and not group.empty:
+            gp = group[(group["model"] == model) & (group["ratio"] == 0)].groupby("layer")["value"].mean()
+            if not gp.empty:
+                ax.plot(gp.index, gp.values, "k:", lw=2, label="full cache, over KV groups")
         for r in ratios:
             comp = p[p["ratio"] == r].groupby("layer")["value"].mean()
             if not comp.empty:
@@ -113,7 +130,7 @@ def consensus_figure(profiles: pd.DataFrame, *, label: str = "consensus") -> Fig
         ax.set_xlabel("layer")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"{label} (low = heads agree)" if label.startswith("consensus") else label)
+    axes[0].set_ylabel(f"{label} (low = heads agree)" if "consensus" in label else label)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Layer-wise head {label} per model, compressed against full", fontsize=10)
     return fig
