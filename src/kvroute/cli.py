@@ -315,6 +315,8 @@ def sweep(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory: store.sqlite, manifest.json, tasks/.")],
     backend: Annotated[str, typer.Option(help="local (this process) or ray (a Ray cluster, pip install 'kvroute[ray]').")] = "local",
     resume: Annotated[bool, typer.Option("--resume", help="Continue a run in --out: compute only the missing cells.")] = False,
+    retry_errors: Annotated[bool, typer.Option("--retry-errors", help="With --resume: compute the cells that errored "
+                                               "(status \"error\") again; a resume otherwise counts them as done.")] = False,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster address (default: ray.init()'s choice).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: --set decoding.max_new_tokens=16 (repeat).")] = None,
     models: Annotated[str | None, typer.Option("--models", help="Override models: comma-separated names or folders.")] = None,
@@ -344,18 +346,30 @@ def sweep(
                       f"{d['cells_per_unit']} cells; models {', '.join(d['models'])}; instances per model "
                       f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}")
         return
-    res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address, progress=_SweepProgress())
+    res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address, progress=_SweepProgress(),
+                    retry_errors=retry_errors)
     console.print(f"[green]done[/green] {res.computed} cells computed, {res.already_done} already in the store "
                   f"({res.total_cells} in the grid) in {res.seconds:.1f} s → {out}")
     _summary_table(res.summary)
+    if res.errors:
+        from rich.markup import escape
+
+        n = sum(e["n"] for e in res.errors)
+        console.print(f"[yellow]{n} of {res.total_cells} cells errored[/yellow] (status \"error\", left out of the "
+                      f"analysis; --resume --retry-errors computes them again):", highlight=False)
+        for e in res.errors[:5]:
+            console.print(f"  {e['n']} × {escape(str(e['press']))} ({escape(str(e['model']))}): "
+                          f"{escape(str(e['error']))}", highlight=False)
 
 
 def _summary_table(rows: list[dict]) -> None:
     if not rows:
         return
     regimes = len({r["regime"] for r in rows}) > 1
+    errors = any(r.get("errors") for r in rows)
     t = Table(title="summary (means over instances)")
-    for col in ("model", *(["regime"] if regimes else []), "press", "ratio", "n", "F1", "halluc. rate", "GER"):
+    for col in ("model", *(["regime"] if regimes else []), "press", "ratio", "n", *(["errored"] if errors else []),
+                "F1", "halluc. rate", "GER"):
         t.add_column(col, justify="left" if col in ("model", "regime", "press") else "right")
 
     def f(v: float | None) -> str:
@@ -363,7 +377,8 @@ def _summary_table(rows: list[dict]) -> None:
 
     for r in rows:
         t.add_row(str(r["model"]), *([str(r["regime"])] if regimes else []), str(r["press"]), f"{r['ratio']:g}",
-                  str(r["n"]), f(r["f1"]), f(r["hallucination_rate"]), f(r["ger"]))
+                  str(r["n"]), *([str(r.get("errors") or 0)] if errors else []), f(r["f1"]),
+                  f(r["hallucination_rate"]), f(r["ger"]))
     console.print(t)
 
 
@@ -452,14 +467,31 @@ def run(
     engine = Engine(lm, settings.decode_settings())
     engine.validate(cells)
     out.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
+    n, errored = 0, []
     with out.open("w") as f, RichProgress().task(f"{len(instances)} instances × {len(cells)} cells", len(instances)) as bar:
         for inst in instances:
             for rec in run_instance(engine, inst, cells, regime=regime, seed=seed, settings=settings, model_name=model):
                 f.write(json.dumps(_compact({"id": inst.id, **rec}), ensure_ascii=False) + "\n")
                 n += 1
+                if rec.get("status") == "error":
+                    errored.append(rec)
             bar.advance()
     console.print(f"wrote {n} records to {out}")
+    _print_errored(errored, n)
+
+
+def _print_errored(errored: list[dict], n: int) -> None:
+    """One line: how many cells errored (recorded with status "error"), and the first reason."""
+    if not errored:
+        return
+    from rich.markup import escape
+
+    first = errored[0]
+    where = f"{first.get('press')}@{first.get('ratio'):g}" + (f", instance {first['instance_id']}"
+                                                               if first.get("instance_id") else "")
+    console.print(f"[yellow]{len(errored)} of {n} cells errored[/yellow] (recorded with status \"error\", "
+                  f"left out of the analysis); first: {escape(where)}: {escape(str(first.get('error')))}",
+                  highlight=False)
 
 
 @app.command()

@@ -96,6 +96,19 @@ class SweepError(KvrouteError):
     """A sweep could not finish a work unit; the message names the model, instance and cause."""
 
 
+#: the errors one cell of a run may fail with while the other cells and instances go on: kvroute's own
+#: (a press's precondition, a prompt that does not fit, a task it cannot align) and ValueError (what
+#: scorers and metrics raise on inputs they cannot handle). Anything else — RuntimeError (out of
+#: memory, a shape bug), KeyboardInterrupt, SystemExit — is not a cell's fault and stops the run.
+CELL_ERRORS: tuple[type[BaseException], ...] = (KvrouteError, ValueError)
+
+
+def error_reason(e: BaseException, limit: int = 500) -> str:
+    """One line for a record's ``error`` field: ``"ExceptionType: message"`` (whitespace collapsed, cut at ``limit``)."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def suggest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """The registered names closest to ``name`` (case-insensitive), best first."""
     choices = list(choices)

@@ -132,9 +132,9 @@ def test_summary_per_model_press_ratio(tmp_path):
         out = s.summary("s")
     assert out == [
         {"model": "m", "regime": "agnostic", "press": "none", "ratio": 0.0, "n": 1, "f1": 1.0,
-         "hallucination_rate": 0.0, "ger": 0.0},
+         "hallucination_rate": 0.0, "ger": 0.0, "errors": 0},
         {"model": "m", "regime": "agnostic", "press": "knorm", "ratio": 0.5, "n": 2, "f1": 0.5,
-         "hallucination_rate": 0.5, "ger": 0.25},
+         "hallucination_rate": 0.5, "ger": 0.25, "errors": 0},
     ]
 
 

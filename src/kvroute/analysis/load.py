@@ -20,7 +20,7 @@ import pandas as pd
 
 from kvroute.analysis.common import AnalysisError
 from kvroute.errors import StoreError
-from kvroute.records import LAYER_FIELDS
+from kvroute.records import LAYER_FIELDS, RENAMED_FIELDS
 
 STORE_NAME = "store.sqlite"
 MANIFEST_NAME = "manifest.json"
@@ -31,10 +31,70 @@ BOOL_FIELDS: tuple[str, ...] = ("hallucinated", "reachable", "routed_reachable",
 _FILE_SUFFIXES = (".parquet", ".csv", ".jsonl", ".ndjson", ".sqlite", ".db")
 
 
+#: ``DataFrame.attrs`` key under which :func:`load_records` leaves the errored cells it dropped (grouped)
+ERRORS_ATTR = "cell_errors"
+_ERROR_KEYS = ("model", "press", "error")
+
+
+def split_errors(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(ok, errored)``: the cells that ran and those recorded with ``status == "error"`` (metrics absent).
+
+    Records without a ``status`` column (older stores) all ran.
+    """
+    if "status" not in df.columns:
+        return df, df.iloc[0:0]
+    bad = (df["status"] == "error").to_numpy()
+    if not bad.any():
+        return df, df.iloc[0:0]
+    ok = df[~bad].reset_index(drop=True)
+    ok.attrs = dict(df.attrs)
+    return ok, df[bad].reset_index(drop=True)
+
+
+def error_groups(errored: pd.DataFrame) -> list[dict[str, Any]]:
+    """Errored cells per (model, press, error): ``n`` and the ratios they hit; most frequent first."""
+    if errored.empty:
+        return []
+    e = errored.copy()
+    for k in _ERROR_KEYS:
+        e[k] = e[k].fillna("?").astype(str) if k in e.columns else "?"
+    if "ratio" not in e.columns:
+        e["ratio"] = np.nan
+    out = [{"model": m, "press": p, "error": r, "n": int(len(g)),
+            "ratios": sorted({float(x) for x in g["ratio"].dropna()})}
+           for (m, p, r), g in e.groupby(list(_ERROR_KEYS), sort=True)]
+    return sorted(out, key=lambda d: -d["n"])
+
+
+def drop_errors(df: pd.DataFrame) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """The cells that ran, and every errored cell grouped by (model, press, error).
+
+    Counts both the errored rows still in ``df`` and those :func:`load_records` already dropped
+    (``df.attrs["cell_errors"]``), so every estimator reads only cells that ran and the summary can
+    still say how many did not. The returned frame's attrs hold the merged groups, so applying it
+    twice counts nothing twice.
+    """
+    ok, errored = split_errors(df)
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for g in [*df.attrs.get(ERRORS_ATTR, []), *error_groups(errored)]:
+        key = (g["model"], g["press"], g["error"])
+        if key in groups:
+            groups[key]["n"] += g["n"]
+            groups[key]["ratios"] = sorted(set(groups[key]["ratios"]) | set(g["ratios"]))
+        else:
+            groups[key] = {**g, "ratios": list(g["ratios"])}
+    out = sorted(groups.values(), key=lambda d: -d["n"])
+    ok = ok.copy(deep=False)  # never touch the caller's frame; the result carries the merged count (idempotent)
+    ok.attrs = {**df.attrs, ERRORS_ATTR: out}
+    return ok, out
+
+
 def load_records(path: str | Path) -> pd.DataFrame:
     """Records from a run directory (``store.sqlite``) or a ``.parquet``/``.csv``/``.jsonl``/``.sqlite`` file.
 
-    Vector columns come back as lists of floats, boolean columns as booleans. Raises
+    Vector columns come back as lists of floats, boolean columns as booleans. Cells that errored
+    (``status == "error"``: no metrics) are left out; ``df.attrs["cell_errors"]`` lists them per
+    (model, press, error) with their count (see :func:`drop_errors`). Raises
     :class:`~kvroute.errors.StoreError` when nothing readable is there.
     """
     p = Path(path)
@@ -117,8 +177,29 @@ def _decode_vector(v: object) -> object:
     return v
 
 
-def _decode(df: pd.DataFrame) -> pd.DataFrame:
+def rename_legacy_fields(df: pd.DataFrame) -> pd.DataFrame:
+    """Records with the field names of :data:`kvroute.records.RENAMED_FIELDS` mapped to today's.
+
+    Earlier stores named the with-sink consensus vectors ``consensus``/``rho``; they become
+    ``consensus_withsink``/``rho_withsink`` (never the sink-free default). Where a store holds both
+    names (a sweep resumed across the rename), the new column keeps its values and the old one fills
+    its gaps. Returns ``df`` itself when nothing is to rename.
+    """
+    old = [c for c in RENAMED_FIELDS if c in df.columns]
+    if not old:
+        return df
     df = df.copy()
+    for c in old:
+        new = RENAMED_FIELDS[c]
+        col = df.pop(c)
+        df[new] = df[new].where(df[new].notna(), col) if new in df.columns else col
+    return df
+
+
+def _decode(df: pd.DataFrame) -> pd.DataFrame:
+    df, errored = split_errors(rename_legacy_fields(df))
+    df = df.copy()
+    df.attrs = {**df.attrs, ERRORS_ATTR: error_groups(errored)}
     for col in VECTOR_FIELDS:
         if col in df.columns and df[col].dtype == object:
             df[col] = [_decode_vector(v) for v in df[col]]

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from kvroute.engine.hooks import attention_hooks, base_model
-from kvroute.errors import EngineError
+from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.models.queries import rotate_queries, rotated_queries
 from kvroute.presses.scorers import ScoreInputs, Scorer
 from kvroute.presses.selection.chunk import chunk_bounds
@@ -110,8 +110,13 @@ def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.
 @torch.inference_mode()
 def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, requests: Sequence[ScoreRequest] = (),
             *, evidence: Sequence[int] | None = None, seed: int = 0,
-            captures: Sequence[PrefillCapture] = ()) -> PrefillResult:
-    """Run the context through ``model`` once with full attention; return its cache and all scores."""
+            captures: Sequence[PrefillCapture] = (), errors: dict[Hashable, str] | None = None) -> PrefillResult:
+    """Run the context through ``model`` once with full attention; return its cache and all scores.
+
+    ``errors``: when given, a request whose scorer fails with one of :data:`kvroute.errors.CELL_ERRORS`
+    is dropped (its reason stored under its key, its key absent from ``scores``) and the prefill goes
+    on for the others; without it the error propagates.
+    """
     import time
 
     device = next(model.parameters()).device
@@ -132,9 +137,16 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
         q = rotate_queries(module, projected.pop(), pos) if need_queries else None  # [1, H, T, D]
         attn = prefill_attention(module, hidden, keys, pos, q) if need_attn else None
         for r in requests:
+            if errors is not None and r.key in errors:
+                continue
             x = ScoreInputs(module, layer, hidden, keys, values, kwargs,
                             attn if r.scorer.needs_attentions else None, ev, seed)
-            per_layer[r.key].append(_score_layer(r, x))
+            try:
+                per_layer[r.key].append(_score_layer(r, x))
+            except CELL_ERRORS as e:
+                if errors is None:
+                    raise
+                errors[r.key] = error_reason(e)
         for c in captures:
             c.on_layer(layer, module, hidden, keys, values, kwargs, queries=q)
 
@@ -147,5 +159,6 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     with attention_hooks(model, hook, q_proj_hook=keep_projection if need_queries else None):
         base_model(model)(input_ids=ids, past_key_values=cache, use_cache=True)
     keys, values = _filled_layers(cache)
-    scores = {k: torch.cat(v, dim=0) for k, v in per_layer.items()}  # [L, Hkv, T] each
+    scores = {k: torch.cat(v, dim=0) for k, v in per_layer.items()
+              if errors is None or k not in errors}  # [L, Hkv, T] each
     return PrefillResult(ids[0], keys, values, scores, time.perf_counter() - t0)

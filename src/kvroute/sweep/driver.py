@@ -8,7 +8,9 @@ Order of events, so that bad input fails before anything expensive or lasting ha
 3. the run directory is locked (a second sweep on it fails with ``StoreLockedError``) and the
    store opened; a store that already holds records needs ``resume=True``;
 4. the manifest is written, and only the cells whose keys are not in the store are run, by the
-   chosen backend; the driver writes each unit's records in one transaction as it finishes;
+   chosen backend; the driver writes each unit's records in one transaction as it finishes. A
+   cell that errored (``status="error"``: e.g. oracle on an item without evidence) is stored like
+   a finished one, so a resume does not recompute it (``retry_errors=True`` deletes those first);
 5. the manifest records how the session ended.
 """
 
@@ -62,6 +64,8 @@ class SweepOutcome:
     computed: int
     seconds: float
     summary: list[dict[str, Any]] = field(default_factory=list)
+    errored: int = 0  # cells computed this session that errored (status "error")
+    errors: list[dict[str, Any]] = field(default_factory=list)  # the store's errored cells per (model, press, error)
 
 
 def plan_sweep(config: SweepConfig) -> Plan:
@@ -75,8 +79,11 @@ def plan_sweep(config: SweepConfig) -> Plan:
 
 
 def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local", resume: bool = False,
-              ray_address: str | None = None, progress: Progress = SILENT) -> SweepOutcome:
-    """Run ``config`` into ``run_dir``; with ``resume`` only the cells missing from its store are computed."""
+              ray_address: str | None = None, progress: Progress = SILENT, retry_errors: bool = False) -> SweepOutcome:
+    """Run ``config`` into ``run_dir``; with ``resume`` only the cells missing from its store are computed.
+
+    Errored cells count as done; ``retry_errors`` (with ``resume``) deletes them so they are computed again.
+    """
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "ray":
@@ -91,22 +98,25 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
         if done and not resume:
             raise StoreError(f"{run_dir} already holds {len(done)} records from an earlier sweep; pass --resume to "
                              "compute only the missing cells, or choose another --out")
+        if retry_errors and store.delete_errors():
+            done = store.keys()
         todo = pending(plan.units, done)
         total, remaining = plan.cells, count_cells(todo)
         log.info("%d cells in the grid, %d already in the store, %d to compute", total, total - remaining, remaining)
         files = write_task_sets(run_dir, plan.task_sets)
         manifest = start_session(run_dir, config=config.to_dict(), backend=backend, grid=plan.describe(),
                                  task_files=files, extra={"ray_address": ray_address} if backend == "ray" else None)
-        computed = 0
+        computed = errored = 0
         status, error = "failed", None
         try:
             with progress.task(f"sweep {config.name}: {total} cells", total=total) as bar:
                 bar.update(completed=total - remaining)
 
                 def sink(records: list[dict[str, Any]]) -> None:
-                    nonlocal computed
+                    nonlocal computed, errored
                     store.write(records)
                     computed += len(records)
+                    errored += sum(r.get("status") == "error" for r in records)
                     bar.advance(len(records))
 
                 if backend == "local":
@@ -126,6 +136,8 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
             raise
         finally:
             finish_session(run_dir, manifest, status=status, cells_computed=computed,
-                           seconds=time.perf_counter() - t0, error=error)
+                           seconds=time.perf_counter() - t0, error=error, cells_errored=errored)
         summary = store.summary(config.settings_hash)
-    return SweepOutcome(run_dir, total, total - remaining, computed, time.perf_counter() - t0, summary)
+        errors = store.errors(config.settings_hash)
+    return SweepOutcome(run_dir, total, total - remaining, computed, time.perf_counter() - t0, summary,
+                        errored, errors)

@@ -100,13 +100,17 @@ def start_session(run_dir: str | Path, *, config: dict[str, Any], backend: str, 
 
 
 def finish_session(run_dir: str | Path, manifest: dict[str, Any], *, status: str, cells_computed: int,
-                   seconds: float, error: str | None = None) -> dict[str, Any]:
-    """Record how the current session ended (complete | interrupted | failed)."""
+                   seconds: float, error: str | None = None, cells_errored: int = 0) -> dict[str, Any]:
+    """Record how the current session ended (complete | interrupted | failed).
+
+    ``cells_errored``: how many of the cells computed this session were stored with status "error".
+    """
     t = now()
     manifest["status"] = status
     manifest["finished"] = t
     s = manifest["sessions"][-1]
-    s.update(finished=t, status=status, cells_computed=cells_computed, seconds=round(seconds, 3))
+    s.update(finished=t, status=status, cells_computed=cells_computed, cells_errored=cells_errored,
+             seconds=round(seconds, 3))
     if error:
         s["error"] = error[:500]
     write_manifest(run_dir, manifest)

@@ -13,6 +13,12 @@ Layout (schema version 1):
   json, so readers restore the Python values exactly (:func:`decode_value`, :func:`decode_columns`).
 * ``meta`` — (key, value); ``schema_version``.
 
+Errored cells (``status = 'error'``, see :mod:`kvroute.records`) are stored like finished ones:
+their errors are deterministic (oracle on an item without evidence fails the same way every
+time), so a resume skips them instead of looping on them. ``kvroute sweep --resume
+--retry-errors`` deletes them first (:meth:`Store.delete_errors`) to compute them again, e.g.
+after a fix.
+
 Why blobs: encoding a realistic record's vectors (SmolLM2: a 576-float ``probe_features`` plus
 eight 30-layer vectors) as JSON text costs ~45 s per 100,000 records, as float32 blobs ~4 s
 (lossless check included), at a quarter of the size (``benchmarks/bookkeeping.py``).
@@ -198,6 +204,33 @@ class Store:
     def records(self) -> list[dict[str, Any]]:
         return _read(self.con)
 
+    def errors(self, settings: str | None = None) -> list[dict[str, Any]]:
+        """Errored cells per (model, press, error): ``n`` and the first ``instance_id``; most frequent first."""
+        have = set(self._kinds)
+        if "status" not in have:
+            return []
+        where = " AND settings = ?" if settings is not None and "settings" in have else ""
+        model, press, error, iid = (c if c in have else "NULL" for c in ("model", "press", "error", "instance_id"))
+        sql = (f"SELECT {model}, {press}, {error}, COUNT(*), MIN({iid}) FROM {TABLE} "
+               f"WHERE status = 'error'{where} GROUP BY 1, 2, 3 ORDER BY 4 DESC, 1, 2, 3")
+        rows = self.con.execute(sql, (settings,) if where else ()).fetchall()
+        return [dict(zip(("model", "press", "error", "n", "instance_id"), r, strict=True)) for r in rows]
+
+    def delete_errors(self) -> int:
+        """Delete the errored cells' records (so a resume computes them again); returns how many."""
+        if "status" not in self._kinds:
+            return 0
+        con = self.con
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            n = con.execute(f"DELETE FROM {TABLE} WHERE status = 'error'").rowcount
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        return int(n)
+
     # writing ------------------------------------------------------------------------------------
     def _add_columns(self, records: Sequence[Mapping[str, Any]]) -> None:
         new: dict[str, str] = {}
@@ -265,9 +298,11 @@ class Store:
 
     # summaries ----------------------------------------------------------------------------------
     def summary(self, settings: str | None = None) -> list[dict[str, Any]]:
-        """Per (model, regime, press, ratio): n, mean F1, hallucination rate and mean GER (None when not measured)."""
+        """Per (model, regime, press, ratio): n cells, mean F1, hallucination rate and mean GER (None when not
+        measured) over the cells that ran, and ``errors``: how many of the n errored (metrics absent)."""
         have = set(self._kinds)
         agg = ", ".join(f"AVG({c})" if c in have else "NULL" for c in ("f1", "hallucinated", "ger"))
+        agg += ", SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END)" if "status" in have else ", 0"
         where = " WHERE settings = ?" if settings is not None and "settings" in have else ""
         keys = ("model", "regime", "press", "ratio")
         select = ", ".join(f"{c} AS k_{c}" if c in have else f"NULL AS k_{c}" for c in keys)
@@ -275,8 +310,8 @@ class Store:
         sql = (f"SELECT {select}, COUNT(*), {agg} FROM {TABLE}{where} GROUP BY {group} "
                "ORDER BY k_model, k_regime, k_press != 'none', k_press, k_ratio")
         rows = self.con.execute(sql, (settings,) if where else ()).fetchall()
-        return [dict(zip(("model", "regime", "press", "ratio", "n", "f1", "hallucination_rate", "ger"), r, strict=True))
-                for r in rows]
+        names = ("model", "regime", "press", "ratio", "n", "f1", "hallucination_rate", "ger", "errors")
+        return [dict(zip(names, r, strict=True)) for r in rows]
 
 
 _SIMPLE = frozenset({bool, int, float, str, list, tuple, dict})

@@ -185,3 +185,34 @@ def build_prompt(tokenizer: Any, instance: TaskInstance, *, regime: str = "agnos
 def context_span(prompt: Prompt, span: Span) -> tuple[int, int]:
     """An instance character span in ``prompt.context_text`` coordinates."""
     return prompt.context_char_offset + span[0], prompt.context_char_offset + span[1]
+
+
+def answer_separator(prompt: Prompt, text: str) -> str:
+    """What separates an answer from the prompt as the model writes it: a space, unless there is one.
+
+    After an answer prefix (``"Answer:"``, ``"... in the text is"``) and after a chat template's
+    ``assistant\\n`` alike, the model's answer starts with a space-prefixed word token ("ĠPellmarsh"):
+    measured on SmolLM2 after its chat template, that form is 4.6–8.8 nats more likely than the bare
+    word (issue 14). No space is added when the prompt already ends with a space or a tab (an
+    answer prefix such as ``"Answer: "``), or when ``text`` starts with whitespace.
+    """
+    if not text or text[0].isspace() or prompt.question_text.endswith((" ", "\t")):
+        return ""
+    return " "
+
+
+def answer_ids(tokenizer: Any, prompt: Prompt, text: str) -> list[int]:
+    """``text``'s tokens as the model would produce them right after ``prompt`` (its natural continuation).
+
+    Tokenises ``question_text + separator + text`` (the suffix is tokenised on its own, as
+    :func:`build_prompt` does, so the prompt's token boundary is the suffix's end) and keeps the
+    tokens after ``question_ids``. When the tokenizer merges across that boundary (the prompt's
+    last token would change, e.g. a trailing space joining the answer's first word), the prompt
+    cannot be re-tokenised, so the continuation text is tokenised on its own instead.
+    """
+    cont = answer_separator(prompt, text) + text
+    q = list(prompt.question_ids)
+    full = list(tokenizer(prompt.question_text + cont, add_special_tokens=False)["input_ids"])
+    if len(full) > len(q) and full[: len(q)] == q:
+        return full[len(q):]
+    return list(tokenizer(cont, add_special_tokens=False)["input_ids"])
