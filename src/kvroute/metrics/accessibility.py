@@ -3,21 +3,33 @@
 - evidence (answer) attention mass: attention from the last prompt token onto T_ev (T_ans), per
   layer and query head, compressed and full cache; also from each generated token;
 - direct reachability: some (layer, query head) gives a *kept* evidence token attention above ε;
-- routed reachability: the same through any kept token that carries evidence content, where a
+- routed reachability: the same through the kept tokens that carry evidence content, where a
   token's evidence content at layer ℓ is its share under attention rollout over the prefill
   (Abnar & Zuidema, with the residual: r⁽ℓ⁺¹⁾ = ½ r⁽ℓ⁾ + ½ Ā⁽ℓ⁾ r⁽ℓ⁾, Ā the head-averaged causal
   attention, r⁽⁰⁾ = 1 on evidence tokens). This catches answers that survive through information
   the prefill already copied into other tokens ("leakage") when the evidence itself is evicted.
 
+Rollout spreads any source over every later token, so a raw "carries evidence" rule is true almost
+everywhere (the former rule, kept as ``routed_reachable_uncalibrated``). The routed statistic — the
+evidence content the last prompt token reads through the surviving entries — is therefore compared
+with the same statistic from null sources: shifted copies of the evidence pattern at nearby
+document positions (same-count scattered sets of the other document tokens when the document is
+too short for them), rolled out in the same prefill pass. A cell is routed-reachable when the
+evidence beats every null draw at the rank-test level ``route_alpha`` (with the default 19 draws:
+above all of them, p = 1/20 = 0.05).
+
 ε is relative: ``κ / n_visible`` (n_visible = keys the head can see: kept context + suffix), i.e.
-κ times what uniform attention would give; κ = 5 by default. A kept token carries evidence when its
-rollout share is at least τ (default ½) times the largest share among the evidence tokens.
+κ times what uniform attention would give; κ = 5 by default.
 """
 
 from __future__ import annotations
 
+import itertools
+import random
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -25,40 +37,144 @@ from kvroute.metrics.base import CellContext, Metric, register
 from kvroute.models.queries import rotated_queries
 
 
-class EvidenceRollout:
-    """Prefill capture: evidence share ``r[ℓ, t]`` of every context token's input to layer ℓ.
+def null_position_sets(evidence: Sequence[int], lo: int, hi: int, n: int, rng: random.Random, *,
+                       exclude: Iterable[int] = (), window: int = 128) -> list[list[int]]:
+    """``n`` null sources for the routed-reachability test: shifted copies of the evidence pattern.
 
-    Memory is linear in T: the head-averaged attention is applied to the vector r as the values of a
-    fused attention call, never materialising the T×T map; the queries are the ones the model
-    computed in the prefill (handed over by the prefill's ``q_proj`` hook).
+    A copy ``{p + s : p in evidence}`` is a candidate when it lies inside ``[lo, hi)`` and touches
+    neither the evidence nor ``exclude`` (e.g. question tokens). Same count and same shape as the
+    evidence (a sentence stays one contiguous span), and position-matched: only shifts with
+    ``|s| ≤ W`` (W = the larger of ``window`` and the distance that holds 2n candidates), half of the
+    draws before the evidence and half after it where both sides have room (the rollout statistic
+    trends with position: earlier sources reach more tokens, so a one-sided null would be biased).
+    Drawn without replacement; fewer than ``n`` sets when fewer candidates exist.
+    """
+    ev = np.array(sorted(set(evidence)), dtype=np.int64)
+    if not len(ev) or n <= 0 or hi <= lo:
+        return []
+    banned = np.zeros(hi - lo, dtype=bool)
+    for p in itertools.chain(ev.tolist(), exclude):
+        if lo <= p < hi:
+            banned[p - lo] = True
+    shifts = np.arange(lo - ev[0], hi - ev[-1], dtype=np.int64)
+    shifts = shifts[shifts != 0]
+    if not len(shifts):
+        return []
+    cand = shifts[~banned[(ev[None, :] + shifts[:, None]) - lo].any(axis=1)]
+    if not len(cand):
+        return []
+    dist = np.sort(np.abs(cand))
+    w = max(window, int(dist[min(2 * n, len(dist)) - 1]))
+    before = sorted(int(s) for s in cand[(cand < 0) & (cand >= -w)])
+    after = sorted(int(s) for s in cand[(cand > 0) & (cand <= w)])
+    k_before = min(len(before), max(n // 2, n - len(after)))
+    k_after = min(len(after), n - k_before)
+    chosen = rng.sample(before, k_before) + rng.sample(after, k_after)
+    return [(ev + s).tolist() for s in chosen]
+
+
+def scattered_position_sets(evidence: Sequence[int], lo: int, hi: int, n: int, rng: random.Random, *,
+                            exclude: Iterable[int] = ()) -> list[list[int]]:
+    """``n`` null sources of the evidence's count drawn uniformly (without replacement inside a set)
+    from the tokens of ``[lo, hi)`` outside the evidence and ``exclude``: the fallback when the range
+    cannot hold shifted copies. Count-matched, not shape-matched; empty when too few tokens remain."""
+    k = len(set(evidence))
+    banned = set(evidence) | set(exclude)
+    pool = [p for p in range(lo, hi) if p not in banned]
+    if k == 0 or n <= 0 or len(pool) < k:
+        return []
+    return [sorted(rng.sample(pool, k)) for _ in range(n)]
+
+
+def document_range(tokenizer: Any, prompt: Any, instance: Any) -> tuple[int, int]:
+    """Context tokens ``[lo, hi)`` that overlap the instance's document text (not the chat template or
+    the instruction before it, not an in-context question after it)."""
+    enc = tokenizer(prompt.context_text, add_special_tokens=False, return_offsets_mapping=True)
+    c0 = prompt.context_char_offset
+    c1 = c0 + len(instance.context)
+    inside = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > s and s < c1 and e > c0]
+    inside = [i for i in inside if i < prompt.n_context]
+    return (inside[0], inside[-1] + 1) if inside else (0, prompt.n_context)
+
+
+class EvidenceRollout:
+    """Prefill capture: evidence share ``r[ℓ, t]`` of every context token's input to layer ℓ, and the
+    same share from each null source (``nulls``: position sets of the evidence's size elsewhere in the
+    context), computed in the same pass: ``r`` is a ``[T, 1 + n_null]`` matrix of source indicators.
+
+    Memory is linear in T: the head-averaged attention is applied to r as the values of a fused
+    attention call, never materialising the T×T map; the queries are the ones the model computed in
+    the prefill (handed over by the prefill's ``q_proj`` hook). Up to ``head_dim`` sources share one
+    call (they fill value columns that would otherwise be zero padding), so the null costs nothing
+    extra for ``n_null < head_dim``.
     """
 
-    def __init__(self, evidence: list[int], num_tokens: int) -> None:
-        self.r = torch.zeros(num_tokens)
+    def __init__(self, evidence: Sequence[int], num_tokens: int, nulls: Sequence[Sequence[int]] = ()) -> None:
+        self.nulls = [list(s) for s in nulls]
+        self.r = torch.zeros(num_tokens, 1 + len(self.nulls))
         if evidence:
-            self.r[evidence] = 1.0
+            self.r[list(evidence), 0] = 1.0
+        for j, s in enumerate(self.nulls, start=1):
+            if s:
+                self.r[s, j] = 1.0
         self.rows: list[torch.Tensor] = []
+
+    @classmethod
+    def for_prompt(cls, prompt: Any, evidence: Sequence[int], *, settings: Any, seed: Any = 0,
+                   doc_range: tuple[int, int] | None = None) -> EvidenceRollout:
+        """The rollout of ``evidence`` plus ``settings.route_null`` null sources drawn for this prompt
+        from the document's tokens ``doc_range`` (default: the context after the first ``n_sink``
+        positions; the in-context question is always excluded), seeded by (instance id, ``seed``) so
+        every cell and rerun of the instance sees the same null.
+
+        Template and instruction tokens are never null sources: their rollout contributions are
+        10–100× a document token's (secondary sinks), so one of them would dominate the null. A document
+        too short for ``route_null`` disjoint shifted copies (a 3-sentence passage whose evidence is one
+        sentence) draws same-count *scattered* sets of its other tokens instead
+        (:func:`scattered_position_sets`)."""
+        T = prompt.n_context
+        lo, hi = doc_range if doc_range is not None else (min(settings.n_sink, T), T)
+        lo = max(lo, min(settings.n_sink, T))
+        question = [p for p in prompt.question_positions if p < T]
+        rng = random.Random(f"{prompt.instance_id}|{seed}|route-null")
+        nulls = null_position_sets(evidence, lo, hi, settings.route_null, rng, exclude=question,
+                                   window=settings.route_null_window)
+        if len(nulls) < settings.route_null:
+            nulls = scattered_position_sets(evidence, lo, hi, settings.route_null, rng, exclude=question)
+        return cls(evidence, T, nulls)
 
     def on_layer(self, layer_idx: int, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor,
                  values: torch.Tensor, kwargs: dict[str, Any], queries: torch.Tensor | None = None) -> None:
-        r = self.r.to(keys.device)
-        self.rows.append(r.cpu().clone())  # share in the input of layer `layer_idx`
+        r = self.r.to(keys.device)  # [T, S]
+        self.rows.append(r.cpu().clone())  # shares in the input of layer `layer_idx`
         T = hidden_states.shape[1]
         q = queries if queries is not None else rotated_queries(module, hidden_states, kwargs["position_embeddings"])
         H, Hkv = q.shape[1], keys.shape[1]
         # Ā r with Ā the head-averaged causal attention: attention whose values are r, averaged over heads.
-        # r sits in column 0 of values as wide as the queries: with a narrower value head the CPU kernel
-        # falls back to the math path and materialises the T×T map (10x slower and quadratic memory at 4k)
-        D = q.shape[-1]
-        v = torch.zeros(1, Hkv, T, D, dtype=torch.float32, device=keys.device)
-        v[..., 0] = r.float()
-        mixed = F.scaled_dot_product_attention(q.float(), keys.float(), v, is_causal=True, scale=module.scaling,
-                                               enable_gqa=H != Hkv)  # [1, H, T, D]
-        self.r = (0.5 * r + 0.5 * mixed[..., 0].mean(dim=1)[0]).cpu()
+        # The sources sit in the first columns of values as wide as the queries: with a narrower value
+        # head the CPU kernel falls back to the math path and materialises the T×T map (10x slower and
+        # quadratic memory at 4k); more sources than head_dim take several calls
+        D, S = q.shape[-1], r.shape[1]
+        qf, kf = q.float(), keys.float()
+        out = torch.empty(T, S, dtype=torch.float32, device=keys.device)
+        for c0 in range(0, S, D):
+            c1 = min(S, c0 + D)
+            v = torch.zeros(1, Hkv, T, D, dtype=torch.float32, device=keys.device)
+            v[..., : c1 - c0] = r[:, c0:c1].float()
+            mixed = F.scaled_dot_product_attention(qf, kf, v, is_causal=True, scale=module.scaling,
+                                                   enable_gqa=H != Hkv)  # [1, H, T, D]
+            out[:, c0:c1] = mixed[0, :, :, : c1 - c0].mean(dim=0)
+        self.r = (0.5 * r.float() + 0.5 * out).cpu()
 
     def shares(self) -> torch.Tensor:
         """``[L, T]``: evidence share of each token's input to each layer."""
-        return torch.stack(self.rows)
+        return torch.stack([row[:, 0] for row in self.rows])
+
+    def null_shares(self) -> torch.Tensor | None:
+        """``[L, T, n_null]``: the same share from each null source (None without null sources)."""
+        if not self.nulls:
+            return None
+        return torch.stack([row[:, 1:] for row in self.rows])
 
 
 def visible_threshold(ctx: CellContext) -> torch.Tensor:
@@ -105,22 +221,70 @@ class Accessibility(Metric):
         }
 
 
+def read_mass(attn: torch.Tensor, share: torch.Tensor) -> torch.Tensor:
+    """Source content read by the last prompt token: ``Σ_t a[ℓ, h, t] · share[ℓ, t(, j)]`` averaged
+    over (layer, query head). ``attn`` ``[L, H, T]`` (evicted entries exactly 0); ``share`` ``[L, T]``
+    gives a scalar tensor, ``[L, T, n]`` gives ``[n]`` (one per source)."""
+    L, H = attn.shape[:2]
+    a = attn.float()
+    if share.dim() == 2:
+        return torch.einsum("lht,lt->", a, share.float().to(a.device)) / (L * H)
+    return torch.einsum("lht,ltn->n", a, share.float().to(a.device)) / (L * H)
+
+
+def null_test(m_ev: float, m_null: torch.Tensor, alpha: float) -> dict[str, Any]:
+    """Calibrate the evidence statistic against its null draws (a one-sided rank test).
+
+    p = (1 + #{null ≥ evidence}) / (1 + n): the exact permutation p-value if the evidence were just
+    another position set drawn like the null ones (ties count against the evidence). Reachable iff
+    p ≤ α; undecided (None) when n is too small for any p to reach α."""
+    n = int(m_null.numel())
+    if n == 0:
+        return {"routed_null_mass": None, "routed_null_q95": None, "routed_z": None, "routed_p": None,
+                "routed_reachable": None, "routed_null_draws": 0}
+    mu = float(m_null.mean())
+    sd = float(m_null.std()) if n > 1 else 0.0
+    p = (1 + int((m_null >= m_ev).sum())) / (1 + n)
+    return {
+        "routed_null_mass": mu,
+        "routed_null_q95": float(torch.quantile(m_null.double(), 0.95)),
+        "routed_z": (m_ev - mu) / sd if sd > 0 else None,
+        "routed_p": p,
+        "routed_reachable": bool(p <= alpha) if 1 / (1 + n) <= alpha else None,
+        "routed_null_draws": n,
+    }
+
+
 @register
 class RoutedReachability(Metric):
+    """Routed reachability, calibrated. The statistic is the evidence content the last prompt token
+    reads through the cell's surviving entries, ``m = mean_ℓ,h Σ_t a[ℓ, h, t] · r_ev[ℓ, t]`` (r the
+    rollout share; evicted entries have a = 0). Rollout spreads any source over every later token, so
+    m is compared with the same statistic from ``route_null`` null sources (shifted copies of the
+    evidence pattern, see :func:`null_position_sets`) under the same mask and attention:
+    ``routed_reachable`` is true iff the evidence beats the null at level ``route_alpha``.
+    ``routed_reachable_uncalibrated`` keeps the former rule (some head attends above ε a kept token
+    whose share is ≥ τ · the best evidence token's), which is true almost everywhere.
+    """
+
     name = "routes"
     needs = frozenset({"attention", "routes"})
-    fields = ("routed_reachable", "routed_evidence_mass")
+    fields = ("routed_reachable", "routed_evidence_mass", "routed_null_mass", "routed_null_q95", "routed_z",
+              "routed_p", "routed_null_draws", "routed_reachable_uncalibrated")
 
     def compute(self, ctx: CellContext) -> dict[str, Any]:
         ev = ctx.context_positions(ctx.prompt.evidence_positions)
         if not ev or ctx.evidence_share is None:
-            return {"routed_reachable": None, "routed_evidence_mass": None}
+            return {k: None for k in self.fields}
         T = ctx.T
         share = ctx.evidence_share  # [L, T]
+        a = ctx.output.last_attention[..., :T]  # [L, H, T]; evicted entries have exactly 0
         best = share[:, ev].max(dim=1, keepdim=True).values.clamp(min=1e-12)  # [L, 1]
         carries = share >= ctx.settings.route_tau * best  # [L, T]
-        a = ctx.output.last_attention[..., :T]  # [L, H, T]; evicted entries have exactly 0
         eps = visible_threshold(ctx)  # [L, H]
-        hit = (a > eps[..., None]) & carries[:, None, :]  # [L, H, T]
-        routed = (a * share[:, None, :]).sum(-1)  # [L, H]: evidence content read through all kept entries
-        return {"routed_reachable": bool(hit.any()), "routed_evidence_mass": float(routed.mean())}
+        hit = (a > eps.to(a.device)[..., None]) & carries.to(a.device)[:, None, :]  # [L, H, T]
+        m_ev = float(read_mass(a, share))
+        null = ctx.null_share
+        m_null = read_mass(a, null).cpu() if null is not None and null.shape[-1] else torch.zeros(0)
+        return {"routed_evidence_mass": m_ev, **null_test(m_ev, m_null, ctx.settings.route_alpha),
+                "routed_reachable_uncalibrated": bool(hit.any())}

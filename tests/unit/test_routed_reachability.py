@@ -1,0 +1,275 @@
+"""Routed reachability calibrated against a null (issue 14, item 8), on planted attention.
+
+The rollout spreads any source over every later token, so "some kept token carries evidence" is
+true almost everywhere. These tests plant the truth in hand-built attention maps: a real route
+(tokens that copy the evidence and are read by the query) must be found; diffusion alone (the
+former rule says true) must not; with no signal at all, the false-positive rate over random plants
+must stay near the test's level.
+"""
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from kvroute.metrics.accessibility import (
+    EvidenceRollout,
+    RoutedReachability,
+    document_range,
+    null_position_sets,
+    null_test,
+)
+from kvroute.metrics.base import CellContext, MetricSettings
+from kvroute.presses import KeepMask
+
+N_SINK = 4
+
+
+class _Attn(torch.nn.Module):
+    """Stands in for a model's attention module: the rollout reads only ``scaling`` from it."""
+
+    def __init__(self, scaling: float = 1.0) -> None:
+        super().__init__()
+        self.scaling = scaling
+
+
+def _planted_rollout(attn_layers, evidence, nulls=()):
+    """Run EvidenceRollout on planted causal attention maps ``[L][H, T, T]`` (rows sum to 1).
+
+    With one-hot keys (head_dim = T) and queries = log A, softmax(q·k) = A exactly.
+    """
+    T = attn_layers[0].shape[-1]
+    roll = EvidenceRollout(evidence, T, nulls)
+    keys = torch.eye(T)[None, None]  # [1, 1, T, T]
+    for layer, A in enumerate(attn_layers):
+        q = torch.log(A.clamp(min=1e-30))[None]  # [1, H, T, T]
+        roll.on_layer(layer, _Attn(), torch.zeros(1, T, T), keys, keys, {}, queries=q)
+    return roll
+
+
+def _uniform_causal(T: int, H: int) -> torch.Tensor:
+    A = torch.tril(torch.ones(T, T))
+    return (A / A.sum(-1, keepdim=True)).expand(H, T, T).clone()
+
+
+@dataclass
+class _Prompt:
+    n_context: int
+    evidence_positions: list[int]
+    answer_positions: list[int]
+    question_positions: list[int] = field(default_factory=list)
+    instance_id: str = "planted"
+
+
+@dataclass
+class _Out:
+    last_attention: torch.Tensor
+    generated_mass: dict = field(default_factory=dict)
+
+
+def _routes(roll, evidence, mask, last, **settings):
+    T = mask.shape[-1]
+    ctx = CellContext(instance=None, prompt=_Prompt(T, list(evidence), list(evidence)), mask=KeepMask(mask),
+                      output=_Out(last), full=_Out(last), group_size=last.shape[1] // mask.shape[1],
+                      settings=MetricSettings(**settings), evidence_share=roll.shares(),
+                      null_share=roll.null_shares())
+    return RoutedReachability().compute(ctx)
+
+
+def _nulls(evidence, T, seed=0, n=19, lo=N_SINK):
+    return null_position_sets(evidence, lo, T, n, random.Random(seed))
+
+
+def _last_row(mask, weights, Q=2):
+    """Last-prompt-token attention ``[L, H, T+Q]``: ``weights`` ``[T]`` restricted to kept entries, renormalised
+    (with the question suffix taking a fixed share), evicted entries exactly 0 — as the engine gives them."""
+    L, Hkv, T = mask.shape
+    a = weights.expand(L, Hkv, T) * mask.float()
+    a = 0.8 * a / a.sum(-1, keepdim=True).clamp(min=1e-30)
+    return torch.cat([a, torch.full((L, Hkv, Q), 0.2 / Q)], dim=-1)
+
+
+def test_a_real_route_through_copying_tokens_is_found_although_the_evidence_is_evicted():
+    """Tokens 170-173 copy the evidence (20-23) in every layer; the query reads them. GER = 1, yet routed.
+    (The copies lie outside the null's ±128-token window: a null drawn on them would carry their content too.)"""
+    T, L, H = 200, 3, 2
+    ev, copies = [20, 21, 22, 23], [170, 171, 172, 173]
+    layers = []
+    for _ in range(L):
+        A = _uniform_causal(T, H)
+        for c in copies:
+            A[:, c] = 0.1 * A[:, c]
+            A[:, c, ev] += 0.9 / len(ev)
+        layers.append(A)
+    roll = _planted_rollout(layers, ev, _nulls(ev, T))
+    mask = torch.ones(L, 1, T, dtype=torch.bool)
+    mask[:, :, ev] = False
+    w = torch.ones(T)
+    w[copies] = 50.0  # half the context attention goes to the copies
+    out = _routes(roll, ev, mask, _last_row(mask, w).expand(L, H, -1))
+    assert out["routed_null_draws"] == 19
+    assert out["routed_reachable"] is True
+    assert out["routed_p"] == pytest.approx(1 / 20)
+    assert out["routed_z"] > 3
+    assert out["routed_evidence_mass"] > out["routed_null_q95"] >= out["routed_null_mass"]
+
+
+def test_diffusion_without_a_route_is_not_reachable_although_the_former_rule_says_so():
+    """Uniform causal attention in every layer: evidence content diffuses into every later token, the
+    evidence is evicted, and the query reads late tokens that copied nothing in particular."""
+    T, L, H = 64, 8, 2
+    ev = [20, 21, 22, 23]
+    roll = _planted_rollout([_uniform_causal(T, H) for _ in range(L)], ev, _nulls(ev, T))
+    mask = torch.ones(L, 1, T, dtype=torch.bool)
+    mask[:, :, ev] = False
+    w = torch.ones(T)
+    w[[60, 61, 62]] = 60.0  # strong attention to a few late tokens, far from the evidence
+    out = _routes(roll, ev, mask, _last_row(mask, w).expand(L, H, -1))
+    assert out["routed_reachable_uncalibrated"] is True  # the former rule: diffusion counts as a route
+    assert out["routed_reachable"] is False
+    assert out["routed_p"] > 0.05 and out["routed_evidence_mass"] < out["routed_null_q95"]
+
+
+def test_with_no_signal_the_false_positive_rate_stays_near_the_level():
+    """Random attention, random masks, evidence planted at random spans of a document (positions 16…95, after
+    a 16-token template head, as in a real prompt): nothing singles the evidence out, so the calibrated test
+    fires at about route_alpha (≤ 10% over 200 plants); the former rule fires almost always."""
+    T, L, H, Hkv, n_ev, doc = 96, 4, 4, 2, 6, 16
+    g = torch.Generator().manual_seed(0)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    layers = [torch.softmax((2.0 * torch.randn(H, T, T, generator=g)).masked_fill(~causal, -torch.inf), -1)
+              for _ in range(L)]
+    rng = random.Random(1)
+    fired, fired_old, decided = 0, 0, 0
+    for plant in range(200):
+        start = rng.randrange(doc, T - n_ev)
+        ev = list(range(start, start + n_ev))
+        roll = _planted_rollout(layers, ev, _nulls(ev, T, seed=plant, lo=doc))
+        mask = torch.rand(L, Hkv, T, generator=g) < 0.3
+        logits = 2.0 * torch.randn(L, H, T, generator=g)
+        a = torch.softmax(logits.masked_fill(~mask.repeat_interleave(H // Hkv, 1), -torch.inf), -1)
+        last = torch.cat([0.9 * a, torch.full((L, H, 2), 0.05)], -1)
+        out = _routes(roll, ev, mask, last, reach_kappa=1.0)
+        if out["routed_reachable"] is None:
+            continue
+        decided += 1
+        fired += out["routed_reachable"]
+        fired_old += out["routed_reachable_uncalibrated"]
+    assert decided >= 190
+    assert fired / decided <= 0.10
+    assert fired_old / decided >= 0.9
+
+
+def test_null_sources_ride_in_the_same_pass_without_changing_the_evidence_share():
+    """Batched sources (more than head_dim of them: several fused calls) equal a dense reference, and the
+    evidence column equals a rollout of the evidence alone."""
+    T, H, Hkv, D, L = 40, 4, 2, 8, 3
+    g = torch.Generator().manual_seed(3)
+    ev = [10, 11, 12]
+    nulls = _nulls(ev, T, n=19)  # 20 sources > D = 8
+    assert len(nulls) == 19
+    qs = [torch.randn(1, H, T, D, generator=g) for _ in range(L)]
+    ks = [torch.randn(1, Hkv, T, D, generator=g) for _ in range(L)]
+    mod = _Attn(scaling=D ** -0.5)
+    batched, alone = EvidenceRollout(ev, T, nulls), EvidenceRollout(ev, T)
+    for layer in range(L):
+        for roll in (batched, alone):
+            roll.on_layer(layer, mod, torch.zeros(1, T, D), ks[layer], ks[layer], {}, queries=qs[layer])
+    # dense reference: r ← ½ r + ½ mean_h softmax_causal(q kᵀ / √D) r
+    r = torch.zeros(T, 20)
+    for j, s in enumerate([ev, *nulls]):
+        r[s, j] = 1.0
+    ref = []
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for layer in range(L):
+        ref.append(r.clone())
+        k = ks[layer].repeat_interleave(H // Hkv, dim=1)
+        A = torch.softmax((qs[layer] @ k.transpose(-1, -2) * mod.scaling).masked_fill(~causal, -torch.inf), -1)
+        r = 0.5 * r + 0.5 * A[0].mean(0) @ r
+    ref = torch.stack(ref)  # [L, T, 20]
+    torch.testing.assert_close(batched.shares(), ref[..., 0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(batched.null_shares(), ref[..., 1:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(batched.shares(), alone.shares(), atol=1e-6, rtol=0)
+    assert alone.null_shares() is None
+
+
+def test_null_position_sets_are_shifted_disjoint_copies_near_the_evidence():
+    ev = [300, 301, 302, 310, 311]  # two pieces: the copies keep the shape
+    sets = null_position_sets(ev, 4, 1000, 16, random.Random(5), exclude=range(900, 1000), window=128)
+    assert len(sets) == 16 and len({tuple(s) for s in sets}) == 16
+    for s in sets:
+        shift = s[0] - ev[0]
+        assert s == [p + shift for p in ev] and shift != 0
+        assert abs(shift) <= 128 and not set(s) & set(ev) and all(4 <= p < 900 for p in s)
+    assert sets == null_position_sets(ev, 4, 1000, 16, random.Random(5), exclude=range(900, 1000))  # seeded
+    # no room: the evidence fills the range
+    assert null_position_sets([4, 5, 6, 7], 4, 8, 16, random.Random(0)) == []
+    # a window too small for 2n candidates widens until it holds them
+    wide = null_position_sets([50], 0, 200, 10, random.Random(0), window=1)
+    assert len(wide) == 10 and max(abs(s[0] - 50) for s in wide) <= 10
+
+
+def test_nulls_stay_in_the_document_and_short_documents_draw_scattered_sets():
+    """A 3-sentence passage (document 41…76 after a 41-token template head) whose evidence is the middle
+    sentence holds no disjoint shifted copy: the null is same-count scattered sets of the document's other
+    tokens — never template tokens, whose rollout contributions are those of secondary sinks."""
+    T, doc = 77, (41, 77)
+    ev = list(range(51, 67))
+    settings = MetricSettings()
+    prompt = _Prompt(T, ev, ev, instance_id="short")
+    roll = EvidenceRollout.for_prompt(prompt, ev, settings=settings, seed=0, doc_range=doc)
+    assert len(roll.nulls) == settings.route_null
+    assert all(len(set(s)) == len(ev) and all(41 <= p < 77 and p not in ev for p in s) for s in roll.nulls)
+    again = EvidenceRollout.for_prompt(prompt, ev, settings=settings, seed=0, doc_range=doc)
+    assert again.nulls == roll.nulls  # seeded per (instance, seed)
+    other = EvidenceRollout.for_prompt(_Prompt(T, ev, ev, instance_id="other"), ev, settings=settings, doc_range=doc)
+    assert other.nulls != roll.nulls
+    # a long document: shifted copies inside the document, on both sides of the evidence
+    T2, doc2, ev2 = 900, (41, 900), list(range(400, 410))
+    roll2 = EvidenceRollout.for_prompt(_Prompt(T2, ev2, ev2), ev2, settings=settings, doc_range=doc2)
+    shifts = [s[0] - ev2[0] for s in roll2.nulls]
+    assert len(roll2.nulls) == settings.route_null and all(41 <= p < 900 for s in roll2.nulls for p in s)
+    assert all(s == [p + d for p in ev2] for s, d in zip(roll2.nulls, shifts, strict=True))
+    assert sum(d < 0 for d in shifts) == settings.route_null // 2  # balanced around the evidence
+    # evidence at the document's start: all draws after it, none in the template head
+    roll3 = EvidenceRollout.for_prompt(_Prompt(T2, list(range(41, 51)), []), list(range(41, 51)), settings=settings,
+                                       doc_range=doc2)
+    assert len(roll3.nulls) == settings.route_null and min(p for s in roll3.nulls for p in s) >= 51
+    # no room at all: the document is the evidence
+    assert EvidenceRollout.for_prompt(_Prompt(T, ev, ev), ev, settings=settings, doc_range=(51, 67)).nulls == []
+
+
+def test_null_test_rank_rule():
+    nulls = torch.arange(19, dtype=torch.float64)  # 0 … 18
+    out = null_test(18.5, nulls, 0.05)
+    assert out["routed_p"] == pytest.approx(1 / 20) and out["routed_reachable"] is True
+    assert out["routed_null_mass"] == pytest.approx(9.0)
+    assert out["routed_z"] == pytest.approx((18.5 - 9.0) / float(nulls.std()))
+    tie = null_test(18.0, nulls, 0.05)  # a tie with the top null counts against the evidence
+    assert tie["routed_p"] == pytest.approx(2 / 20) and tie["routed_reachable"] is False
+    few = null_test(100.0, nulls[:5], 0.05)  # 5 draws: p ≥ 1/6 > α, the test cannot decide
+    assert few["routed_p"] == pytest.approx(1 / 6) and few["routed_reachable"] is None
+    none = null_test(1.0, torch.zeros(0), 0.05)
+    assert none["routed_reachable"] is None and none["routed_null_draws"] == 0
+
+
+def test_document_range_covers_the_instance_text_only():
+    class CharTokenizer:  # one token per character, with offsets, like a fast tokenizer
+        def __call__(self, text, add_special_tokens=False, return_offsets_mapping=True):
+            return {"input_ids": [ord(c) for c in text], "offset_mapping": [(i, i + 1) for i in range(len(text))]}
+
+    @dataclass
+    class P:
+        context_text: str
+        context_char_offset: int
+        n_context: int
+
+    @dataclass
+    class Inst:
+        context: str
+
+    doc = "Emrick owns goats."
+    text = "<head>Read this.\n" + doc
+    off = text.index(doc)
+    assert document_range(CharTokenizer(), P(text, off, len(text)), Inst(doc)) == (off, len(text))
