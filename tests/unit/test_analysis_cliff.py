@@ -131,3 +131,176 @@ def test_flat_curves_have_no_steepest_rise_and_float_noise_in_ratios_is_ignored(
     curves, cliffs = cliff_tables(df, n_boot=50)
     assert len(curves) == len(GRID)
     assert cliffs.iloc[0].alpha_chi_max is None and cliffs.iloc[0].status == "no_cliff"
+
+
+# --- bounded, identifiable cliffs (issue 14, item 1) ---------------------------------------------
+
+ADAKV_LIKE = np.array([0.69, 0.82, 0.80, 0.84, 0.94, 0.96, 0.97, 0.99, 1.00])  # the demo's "+adakv" curve
+
+
+def test_a_curve_at_its_maximum_is_a_cliff_with_hi_at_most_one():
+    fit = fit_sigmoid(GRID, ADAKV_LIKE)
+    assert fit.ok, fit.reason  # it was "beyond_grid" with hi = 1.31
+    assert 0 <= fit.lo <= fit.hi <= 1
+    assert GRID[0] < fit.alpha_star < GRID[-1] - 0.01
+
+
+def test_the_grid_fitter_stays_in_the_unit_triangle_and_is_the_constrained_optimum():
+    from kvroute.analysis.sigmoid import SigmoidGrid, sigmoid
+
+    rng = np.random.default_rng(0)
+    y = np.clip(0.1 + 0.95 / (1 + np.exp(-30 * (GRID - 0.85))) + rng.normal(0, 0.08, (40, len(GRID))), 0, 1)
+    y[0] = ADAKV_LIKE
+    g = SigmoidGrid(GRID, mid_step=0.05, n_k=6)
+    best = g.best(y)
+    assert (best["lo"] >= -1e-12).all() and (best["hi"] <= 1 + 1e-12).all() and (best["lo"] <= best["hi"] + 1e-12).all()
+    # brute force over a lattice of (lo, hi) with 0 ≤ lo ≤ hi ≤ 1, every grid shape
+    lo, hi = np.meshgrid(np.linspace(0, 1, 101), np.linspace(0, 1, 101), indexing="ij")
+    keep = lo <= hi
+    lo, hi = lo[keep], hi[keep]  # [P]
+    for row in range(0, 40, 8):
+        brute = np.inf
+        for mid, k in zip(g.mids, g.ks, strict=True):
+            s = sigmoid(GRID, 0.0, 1.0, k, mid)  # [n]
+            pred = lo[:, None] + (hi - lo)[:, None] * s[None, :]  # [P, n]
+            brute = min(brute, float(((pred - y[row]) ** 2).sum(axis=1).min()))
+        assert best["sse"][row] <= brute + 1e-9
+        assert best["sse"][row] >= brute - 0.01  # the lattice is 0.01 fine
+
+
+def _edge_records(n=60):
+    # H = 0 up to 0.85, then 0.1, 0.5, 0.9 at 0.9, 0.95, 0.98: the midpoint sits next to 0.95, so a
+    # good share of bootstrap replicates put it in the grid's last gap, where it is not identified
+    return _records(lambda i, r: (r >= 0.9 and i < 0.1 * n) or (r >= 0.95 and i < 0.5 * n) or (r >= 0.98 and i < 0.9 * n),
+                    n=n)
+
+
+def test_replicates_obey_the_edge_rule_and_open_the_interval_instead_of_clamping():
+    from kvroute.analysis.cliff import analyse_curve
+
+    res = analyse_curve(_edge_records(), n_boot=400)
+    finite = res.alpha_reps[np.isfinite(res.alpha_reps)]
+    assert not np.any(finite >= GRID[-1] - 1e-3)  # no replicate piled on the grid's edge
+    _, cliffs = cliff_tables(_edge_records(), n_boot=400)
+    c = cliffs.iloc[0]
+    for col in ("boot_below_grid", "boot_beyond_grid", "boot_no_cliff"):
+        assert col in c.index
+    assert c.boot_beyond_grid > 0.025
+    assert c.alpha_star_high is None or pd.isna(c.alpha_star_high)
+    assert c.alpha_star_identified in ("open_above", "not identified")
+    assert "beyond" in c.alpha_star_interval or "not identified" in c.alpha_star_interval
+
+
+def test_the_headline_states_an_unidentified_interval_instead_of_a_number():
+    from kvroute.analysis.summary import AnalysisConfig, run_analysis
+
+    df = _edge_records().assign(family="base", regime="agnostic")
+    h = run_analysis(df, AnalysisConfig(n_boot=200)).summary["headline"][0]
+    assert h["alpha_star_ci"] is None
+    assert h["alpha_star_identified"] != "identified" and h["alpha_star_interval"]
+    assert h["alpha_star_boot_edges"]["beyond_grid"] > 0
+    # an identified cliff keeps its numeric interval, and the cross-check sits beside it
+    ok = run_analysis(_records(lambda i, r: r >= (0.8 if i % 2 else 0.85), n=60).assign(family="base"),
+                      AnalysisConfig(n_boot=200)).summary["headline"][0]
+    assert ok["alpha_star_identified"] == "identified" and ok["alpha_star_ci"][0] <= ok["alpha_star"] <= ok["alpha_star_ci"][1]
+    assert ok["alpha_half"] is not None and ok["alpha_half_ci"] is not None
+
+
+def test_censored_interval_opens_an_end_only_when_its_percentile_is_off_the_grid():
+    from kvroute.analysis.cliff import censored_interval
+    from kvroute.analysis.sigmoid import BELOW_GRID, BEYOND_GRID, NO_CLIFF, OK
+
+    vals = np.linspace(0.8, 0.9, 100)
+    codes = np.full(100, OK)
+    iv = censored_interval(vals, codes, 0.95)
+    assert iv["state"] == "closed" and 0.8 <= iv["low"] < iv["high"] <= 0.9
+    codes[-10:] = BEYOND_GRID
+    iv = censored_interval(vals, codes, 0.95)
+    assert iv["state"] == "open_above" and iv["high"] is None and iv["beyond_grid"] == pytest.approx(0.1)
+    codes[-10:] = OK
+    codes[:2] = BELOW_GRID  # 2% < 2.5%: the lower end stays identified
+    assert censored_interval(vals, codes, 0.95)["state"] == "closed"
+    codes[:10] = NO_CLIFF  # no cliff could lie anywhere: both ends open
+    iv = censored_interval(vals, codes, 0.95)
+    assert iv["state"] == "open" and iv["no_cliff"] == pytest.approx(0.1)
+
+
+def test_the_tied_midpoints_of_a_step_are_spread_over_the_gap_not_piled_on_its_lower_end():
+    # every instance steps between 0.5 and 0.7: any midpoint in the gap fits; the replicates must say so
+    from kvroute.analysis.cliff import analyse_curve
+
+    res = analyse_curve(_records(lambda i, r: r >= 0.7 if i < 40 else False, n=50), n_boot=300)
+    assert res.fit.ok and 0.55 < res.fit.alpha_star < 0.65
+    ok = res.alpha_reps[np.isfinite(res.alpha_reps)]
+    assert np.quantile(ok, 0.05) < 0.575 and np.quantile(ok, 0.95) > 0.625  # the old fitter: every replicate at 0.5475
+
+
+# --- the model-free cross-check --------------------------------------------------------------------
+
+def test_monotone_fit_is_weighted_pav():
+    from kvroute.analysis.cliff import monotone_fit
+
+    m = monotone_fit(np.array([[0.0, 0.4, 0.2, 0.9]]), np.array([1.0, 1.0, 3.0, 1.0]))
+    np.testing.assert_allclose(m[0], [0.0, 0.25, 0.25, 0.9])  # (0.4·1 + 0.2·3) / 4
+    assert np.isnan(monotone_fit(np.array([[0.0, np.nan, 1.0]]), np.ones(3))).all()
+
+
+def test_halfway_crossing_and_its_edge_rule():
+    from kvroute.analysis.cliff import halfway_crossing
+    from kvroute.analysis.sigmoid import BEYOND_GRID, NO_CLIFF, OK
+
+    x = np.array([0.0, 0.5, 0.8, 0.9, 0.95])
+    y = np.array([[0.1, 0.1, 0.3, 0.9, 0.9],  # level 0.5: between 0.8 (0.3) and 0.9 (0.9) → 0.8 + 0.2/0.6·0.1
+                  [0.1, 0.1, 0.1, 0.1, 0.9],  # the rise is all in the last gap: beyond the grid
+                  [0.1, 0.12, 0.1, 0.15, 0.15]])  # rises by 0.05 < 0.1: no cliff
+    a, codes, _ = halfway_crossing(x, y, np.ones(5))
+    assert codes.tolist() == [OK, BEYOND_GRID, NO_CLIFF]
+    assert a[0] == pytest.approx(0.8 + 0.1 / 3) and np.isnan(a[1:]).all()
+
+
+def test_cliff_tables_carry_the_cross_check_beside_the_sigmoid():
+    _, cliffs = cliff_tables(_records(lambda i, r: r >= 0.85), n_boot=100)
+    c = cliffs.iloc[0]
+    assert c.alpha_half == pytest.approx(0.825) and c.alpha_half_status == "ok"
+    # every replicate crosses at 0.825, but the data only say "between 0.8 and 0.85": the interval is that gap
+    assert c.alpha_half_low == pytest.approx(0.8) and c.alpha_half_high == pytest.approx(0.85)
+    assert c.alpha_half_gap == [0.8, 0.85]
+    assert c.alpha_half_identified == "identified"
+    assert "rounded out to the tested ratios" in c.alpha_half_interval and "tested ratios" in c.alpha_half_rule
+
+
+def test_a_crossing_in_a_wide_gap_gets_the_gap_not_a_degenerate_bootstrap_interval():
+    # the rise falls in the 0.5–0.7 gap and rests on one instance failing at 0.5: every bootstrap replicate
+    # interpolates a crossing close to the point estimate, yet the data cannot place it inside the gap
+    from kvroute.analysis.cliff import analyse_curve, crossing_interval
+
+    def fails(i, r):
+        return (r >= 0.7 and i < 46) or (r >= 0.5 and i == 0) or (r == 0 and i == 47)
+
+    res = analyse_curve(_records(fails, n=48), n_boot=400)
+    assert res.half_status == "ok" and 0.5 < res.half < 0.7
+    finite = res.half_reps[np.isfinite(res.half_reps)]
+    assert np.quantile(finite, 0.975) - np.quantile(finite, 0.025) < 0.05  # the plain percentile interval: narrow
+    iv = crossing_interval(res.half_reps, res.half_codes, res.ratios, 0.95)
+    assert iv["state"] == "closed" and iv["low"] == 0.5 and iv["high"] == 0.7
+    _, cliffs = cliff_tables(_records(fails, n=48), n_boot=400)
+    c = cliffs.iloc[0]
+    assert c.alpha_half_low == 0.5 and c.alpha_half_high == 0.7
+
+
+def test_crossing_interval_rounds_out_to_the_bracketing_ratios_and_keeps_open_ends_open():
+    from kvroute.analysis.cliff import crossing_gap, crossing_interval
+    from kvroute.analysis.sigmoid import BEYOND_GRID, OK
+
+    x = GRID
+    vals = np.concatenate([np.full(50, 0.82), np.full(50, 0.87)])
+    iv = crossing_interval(vals, np.full(100, OK), x, 0.95)
+    assert (iv["low"], iv["high"]) == (0.8, 0.9)  # the bootstrap moved across 0.85: two gaps
+    # a crossing exactly on a tested ratio x_j lies in (x_{j-1}, x_j]
+    iv = crossing_interval(np.full(100, 0.85), np.full(100, OK), x, 0.95)
+    assert (iv["low"], iv["high"]) == (0.8, 0.85)
+    assert crossing_gap(0.85, x) == (0.8, 0.85) and crossing_gap(0.6, x) == (0.5, 0.7) and crossing_gap(None, x) is None
+    codes = np.full(100, OK)
+    codes[-10:] = BEYOND_GRID
+    iv = crossing_interval(np.full(100, 0.82), codes, x, 0.95)
+    assert iv["state"] == "open_above" and iv["low"] == 0.8 and iv["high"] is None

@@ -84,7 +84,7 @@ def cliff_vs_length(df: pd.DataFrame, *, family: str = LONG_CONTEXT, keys: Seque
                    "alpha_star": res.fit.alpha_star, "alpha_star_low": None, "alpha_star_high": None,
                    "budget_star": None, "budget_star_low": None, "budget_star_high": None}
             if res.fit.ok:
-                lo, hi, _, note = alpha_star_interval(res.alpha_reps, confidence)
+                lo, hi, _, note = alpha_star_interval(res.alpha_reps, confidence, res.alpha_codes)
                 a = float(res.fit.alpha_star)  # type: ignore[arg-type]
                 row.update(alpha_star_low=lo, alpha_star_high=hi, budget_star=(1 - a) * t,
                            budget_star_low=None if hi is None else (1 - hi) * t,

@@ -1,18 +1,31 @@
-"""Fitting the hallucination cliff: H(α) = lo + (hi − lo) / (1 + exp(−k (α − α*))).
+"""Fitting the hallucination cliff: H(α) = lo + (hi − lo) / (1 + exp(−k (α − α*))), 0 ≤ lo ≤ hi ≤ 1.
 
-Two fitters share one model:
+H is a rate, so both fitters keep the curve inside [0, 1]: ``0 ≤ lo ≤ hi ≤ 1`` (a top above 1 would
+let a curve that is already at its maximum be read as "still rising", i.e. ``beyond_grid``).
 
 * :func:`fit_sigmoid` — the point estimate: a profile grid search gives the starting point,
-  then ``scipy.optimize.curve_fit`` refines it inside bounds. When curve_fit fails the grid
-  optimum is kept (status ``ok_grid``); when the data show no cliff, or the midpoint sits at the
-  edge of the ratio grid, the fit reports that instead of a number.
-* :class:`SigmoidGrid` — the same least-squares fit for thousands of bootstrap replicates at
-  once. For fixed (α*, k) the model is linear in (lo, hi − lo), so the residual sum of squares
-  is ``‖y − ȳ‖² − (q·y)²`` with ``q`` the centred, normalised sigmoid shape; one matrix
-  product scores every (α*, k) pair for every replicate. α* is resolved to ``mid_step``.
+  then ``scipy.optimize.curve_fit`` refines it inside bounds, parametrised as
+  ``(lo, f, k, α*)`` with ``hi = lo + f (1 − lo)`` and ``lo, f ∈ [0, 1]`` so that the triangle
+  ``0 ≤ lo ≤ hi ≤ 1`` becomes a box. When curve_fit fails the grid optimum is kept (status
+  ``ok_grid``).
+* :class:`SigmoidGrid` — the same constrained least-squares fit for thousands of bootstrap
+  replicates at once. For fixed (α*, k) the model is linear in (lo, amp = hi − lo); the
+  unconstrained optimum is read off one matrix product (``‖y − ȳ‖² − (q·y)²`` with ``q`` the
+  centred, normalised sigmoid shape). Where it leaves the triangle ``lo ≥ 0, amp ≥ 0,
+  lo + amp ≤ 1`` the optimum lies on the edge ``lo = 0`` or ``hi = 1`` (both solved in closed
+  form; the third edge ``amp = 0`` is a flat line, not a cliff). α* is resolved to ``mid_step``.
+  Midpoints that fit equally well (a step between two tested ratios fits anywhere in the gap) are
+  a tie: the point estimate takes the centre of the tied range and a bootstrap replicate a uniform
+  draw from it, so an interval spans what the data cannot tell apart instead of piling on the
+  gap's lower end.
 
-``α*`` is constrained to the tested ratio range [min α, max α]: outside it the midpoint is not
-identified by the data, and a fit that lands on the edge is reported as ``beyond_grid``.
+One rule decides, for the point estimate *and for every bootstrap replicate*, whether α* is
+identified (:func:`edge_codes`): ``no_cliff`` when H rises by less than ``min_amplitude`` (or
+falls); ``beyond_grid`` when the midpoint lies in the grid's last gap (past the second-largest
+ratio) with a fitted top below 1, or H at the largest ratio is still below the fitted halfway
+level; ``below_grid`` when it lies in the first gap with a floor above 0, or H at the smallest
+ratio is already above halfway. α* is constrained to [min α, max α]: outside it the midpoint
+is not identified by the data.
 """
 
 from __future__ import annotations
@@ -28,12 +41,22 @@ MIN_AMPLITUDE = 0.1
 K_RANGE = (3.0, 500.0)  # steepness, per unit of ratio
 MID_STEP = 0.0025
 
+#: integer codes of :func:`edge_codes`, indexing :data:`STATUS_NAMES`
+OK, NO_CLIFF, BELOW_GRID, BEYOND_GRID, NO_DATA = range(5)
+STATUS_NAMES = ("ok", "no_cliff", "below_grid", "beyond_grid", "no_data")
+_TIE_ABS, _TIE_REL = 1e-9, 1e-7  # SSE differences below this are ties
+
 
 def sigmoid(x: np.ndarray, lo: float | np.ndarray, amp: float | np.ndarray, k: float | np.ndarray,
             mid: float | np.ndarray) -> np.ndarray:
     """``lo + amp / (1 + exp(−k (x − mid)))`` (``amp = hi − lo``), overflow-safe."""
     z = np.clip(-k * (np.asarray(x, float) - mid), -500, 500)
     return lo + amp / (1.0 + np.exp(z))
+
+
+def _sigmoid_frac(x: np.ndarray, lo: float, frac: float, k: float, mid: float) -> np.ndarray:
+    """The sigmoid with ``hi = lo + frac (1 − lo)``: ``lo, frac ∈ [0, 1]`` is exactly ``0 ≤ lo ≤ hi ≤ 1``."""
+    return sigmoid(x, lo, frac * (1.0 - lo), k, mid)
 
 
 @dataclass(frozen=True)
@@ -54,10 +77,11 @@ class SigmoidFit:
 
 
 class SigmoidGrid:
-    """Least-squares sigmoid fits on a fixed (α*, k) grid for many curves over the same ratios ``x``."""
+    """Bounded least-squares sigmoid fits on a fixed (α*, k) grid for many curves over the same ratios ``x``."""
 
     def __init__(self, x: np.ndarray, *, mid_step: float = MID_STEP, n_k: int = 40) -> None:
         self.x = np.asarray(x, float)  # [n]
+        self.mid_step = float(mid_step)
         lo, hi = float(self.x.min()), float(self.x.max())
         n_mid = max(2, int(round((hi - lo) / mid_step)) + 1)
         mids = np.linspace(lo, hi, n_mid)
@@ -65,37 +89,101 @@ class SigmoidGrid:
         self.mids = np.repeat(mids, n_k)  # [m]   m = n_mid * n_k
         self.ks = np.tile(ks, n_mid)  # [m]
         s = sigmoid(self.x[None, :], 0.0, 1.0, self.ks[:, None], self.mids[:, None])  # [m, n]
+        n = len(self.x)
         self.s_mean = s.mean(axis=1)  # [m]
         sc = s - self.s_mean[:, None]  # [m, n] centred shapes
-        self.norm = np.linalg.norm(sc, axis=1)  # [m]
-        self.norm[self.norm == 0] = np.inf
+        norm = np.linalg.norm(sc, axis=1)  # [m]
+        self.norm_f = norm.copy()  # finite copy, for s·y = (q·y)‖sc‖ + s̄ Σy
+        norm[norm == 0] = np.inf
+        self.norm = norm
         self.q = sc / self.norm[:, None]  # [m, n] unit vectors
+        self.s1 = s.sum(axis=1)  # Σ s        [m]
+        self.s2 = (s * s).sum(axis=1)  # Σ s²   [m]
+        self.t2 = n - 2 * self.s1 + self.s2  # Σ (1 − s)²  [m]
 
-    def best(self, y: np.ndarray, chunk: int = 256) -> dict[str, np.ndarray]:
-        """Best increasing fit for each row of ``y`` ``[B, n]``: arrays ``mid, k, lo, hi, sse`` of length B.
+    def best(self, y: np.ndarray, chunk: int = 128, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        """Best increasing fit with ``0 ≤ lo ≤ hi ≤ 1`` for each row of ``y`` ``[B, n]``.
 
-        Rows with NaN get NaN everywhere.
+        Returns arrays ``mid, k, lo, hi, sse, mid_low, mid_high`` of length B (``mid_low``/``mid_high``
+        bound the midpoints tied with the best). ``mid`` is the centre of the tied range, or a
+        uniform draw from it when ``rng`` is given. Rows with NaN get NaN everywhere.
         """
         y = np.atleast_2d(np.asarray(y, float))  # [B, n]
-        out = {k: np.full(len(y), np.nan) for k in ("mid", "k", "lo", "hi", "sse")}
-        finite = np.isfinite(y).all(axis=1)
-        idx = np.flatnonzero(finite)
+        out = {k: np.full(len(y), np.nan) for k in ("mid", "k", "lo", "hi", "sse", "mid_low", "mid_high")}
+        idx = np.flatnonzero(np.isfinite(y).all(axis=1))
+        n = y.shape[1]
         for start in range(0, len(idx), chunk):
             rows = idx[start:start + chunk]
             yy = y[rows]  # [b, n]
-            proj = yy @ self.q.T  # [b, m]; positive = increasing fit
-            j = proj.argmax(axis=1)  # [b]
-            p = proj[np.arange(len(rows)), j]
-            amp = np.maximum(p, 0.0) / self.norm[j]
-            ybar = yy.mean(axis=1)
-            lo = ybar - amp * self.s_mean[j]
-            yc = yy - ybar[:, None]
-            out["mid"][rows] = self.mids[j]
+            ybar = yy.mean(axis=1)  # [b]
+            ss_c = ((yy - ybar[:, None]) ** 2).sum(axis=1)  # ‖y − ȳ‖²  [b]
+            p = yy @ self.q.T  # [b, m]
+            amp = p / self.norm_f[None, :].clip(1e-300)
+            lo = ybar[:, None] - amp * self.s_mean[None, :]
+            sse = ss_c[:, None] - p * p
+            feas = (p > 0) & (lo >= -1e-12) & (lo + amp <= 1 + 1e-12)
+            sse = np.where(feas, sse, np.inf)
+            # the unconstrained optimum over all shapes bounds every constrained one from below: rows whose
+            # unconstrained best is feasible are done; the others need the edges lo = 0 and hi = 1
+            j_u = p.argmax(axis=1)
+            need = ~feas[np.arange(len(rows)), j_u]
+            if need.any():
+                # a shape can only win on an edge if its unconstrained SSE (a lower bound) beats the best feasible one
+                r = np.flatnonzero(need)
+                bound = (ss_c[r, None] - p[r] * p[r]) < sse[r].min(axis=1)[:, None]
+                ri, mi = np.nonzero(bound)
+                rr = r[ri]
+                sy_tot, yy2 = yy[rr].sum(axis=1), (yy[rr] ** 2).sum(axis=1)
+                s1, s2, t2 = self.s1[mi], self.s2[mi], self.t2[mi]
+                sy = p[rr, mi] * self.norm_f[mi] + self.s_mean[mi] * sy_tot  # s·y
+                a0 = np.clip(sy / np.maximum(s2, 1e-300), 0.0, 1.0)  # edge lo = 0
+                sse0 = yy2 - 2 * a0 * sy + a0 * a0 * s2
+                ty = sy_tot - sy - s1 + s2  # (1 − s)·(y − s)
+                l1 = np.clip(ty / np.maximum(t2, 1e-300), 0.0, 1.0)  # edge hi = 1
+                sse1 = (yy2 - 2 * sy + s2) - 2 * l1 * ty + l1 * l1 * t2
+                e0 = sse0 < sse1
+                sse_e = np.where(e0, sse0, sse1)
+                better = sse_e < sse[rr, mi]
+                rb, mb = rr[better], mi[better]
+                sse[rb, mb] = sse_e[better]
+                lo[rb, mb] = np.where(e0, 0.0, l1)[better]
+                amp[rb, mb] = np.where(e0, a0, 1.0 - l1)[better]
+            b = np.arange(len(rows))
+            j = sse.argmin(axis=1)
+            smin = sse[b, j]
+            tied = sse <= (smin + _TIE_ABS + _TIE_REL * np.abs(smin))[:, None]
+            m_lo = np.where(tied, self.mids[None, :], np.inf).min(axis=1)
+            m_hi = np.where(tied, self.mids[None, :], -np.inf).max(axis=1)
+            mid = 0.5 * (m_lo + m_hi) if rng is None else rng.uniform(m_lo, m_hi)
+            out["mid"][rows] = mid
+            out["mid_low"][rows], out["mid_high"][rows] = m_lo, m_hi
             out["k"][rows] = self.ks[j]
-            out["lo"][rows] = lo
-            out["hi"][rows] = lo + amp
-            out["sse"][rows] = (yc * yc).sum(axis=1) - np.maximum(p, 0.0) ** 2
+            out["lo"][rows] = lo[b, j]
+            out["hi"][rows] = lo[b, j] + amp[b, j]
+            out["sse"][rows] = np.maximum(smin, 0.0)
         return out
+
+    def midpoints(self, y: np.ndarray, *, min_amplitude: float = MIN_AMPLITUDE,
+                  rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """α* and its status code (:data:`STATUS_NAMES`) for each row of ``y`` ``[B, n]``, by the point estimate's rule.
+
+        ``mid`` is NaN wherever the code is not :data:`OK`. This is the rule every bootstrap
+        replicate obeys: no cliff, below or beyond the grid exactly as :func:`fit_sigmoid` decides.
+        """
+        y = np.atleast_2d(np.asarray(y, float))
+        codes = np.full(len(y), NO_DATA, dtype=int)
+        mid = np.full(len(y), np.nan)
+        finite = np.isfinite(y).all(axis=1)
+        cliff = np.zeros(len(y), bool)
+        cliff[finite] = has_cliff(y[finite], min_amplitude)
+        codes[finite & ~cliff] = NO_CLIFF
+        rows = np.flatnonzero(cliff)
+        if rows.size:
+            g = self.best(y[rows], rng=rng)
+            c = edge_codes(self.x, y[rows], g["lo"], g["hi"], g["mid"], tol=self.mid_step / 2)
+            codes[rows] = c
+            mid[rows] = np.where(c == OK, g["mid"], np.nan)
+        return mid, codes
 
 
 @functools.lru_cache(maxsize=32)
@@ -113,6 +201,31 @@ def has_cliff(y: np.ndarray, min_amplitude: float = MIN_AMPLITUDE) -> np.ndarray
     return (rise >= min_amplitude) & order
 
 
+def edge_codes(x: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mid: np.ndarray, *,
+               tol: float = MID_STEP / 2) -> np.ndarray:
+    """The identifiability rule for fitted curves ``y`` ``[B, n]`` over sorted ratios ``x``: OK, BELOW_GRID or BEYOND_GRID.
+
+    Beyond the grid: the midpoint lies past the second-largest ratio (within ``tol``) — only the
+    last ratio would then be above it, and one point cannot separate the top ``hi`` from the
+    midpoint, unless the fitted top sits on its bound 1 — or H at the largest ratio is still below
+    the fitted halfway level ``(lo + hi) / 2``. Below the grid, symmetrically: the midpoint lies
+    before the second-smallest ratio (and the floor is above 0) or H at the smallest ratio is
+    already above halfway. (The monotone cross-check uses the same rule: its
+    crossing may not lie in the first or last gap.)
+    """
+    x = np.asarray(x, float)
+    y = np.atleast_2d(np.asarray(y, float))
+    half = 0.5 * (np.asarray(lo, float) + np.asarray(hi, float))
+    mid = np.asarray(mid, float)
+    beyond = (mid >= x[-1] - tol) | (y[:, -1] < half)
+    below = (mid <= x[0] + tol) | (y[:, 0] > half)
+    if len(x) >= 3:  # one ratio past the midpoint cannot tell the top (or the floor) from the midpoint,
+        # unless the bound pins it: a fitted top at 1 (floor at 0) is as high (low) as a rate goes
+        beyond |= (mid > x[-2] + tol) & (np.asarray(hi, float) < 1 - 1e-6)
+        below |= (mid < x[1] - tol) & (np.asarray(lo, float) > 1e-6)
+    return np.where(beyond, BEYOND_GRID, np.where(below, BELOW_GRID, OK))
+
+
 def fit_sigmoid(x: np.ndarray, y: np.ndarray, *, min_amplitude: float = MIN_AMPLITUDE) -> SigmoidFit:
     """Fit the cliff sigmoid to points ``(x, y)`` (NaN points dropped); see the module docstring."""
     from scipy.optimize import curve_fit
@@ -127,28 +240,33 @@ def fit_sigmoid(x: np.ndarray, y: np.ndarray, *, min_amplitude: float = MIN_AMPL
     if not has_cliff(y, min_amplitude):
         return SigmoidFit("no_cliff", f"H rises by less than {min_amplitude:g} over the ratios tested "
                                       f"({np.nanmin(y):.3f} to {np.nanmax(y):.3f})")
-    g = grid_for(tuple(x.tolist())).best(y[None, :])
-    p0 = [g["lo"][0], g["hi"][0] - g["lo"][0], g["k"][0], g["mid"][0]]
+    grid = grid_for(tuple(x.tolist()))
+    g = grid.best(y[None, :])
+    lo0, hi0 = float(g["lo"][0]), float(g["hi"][0])
+    frac0 = (hi0 - lo0) / (1.0 - lo0) if lo0 < 1 else 1.0
+    p0 = [lo0, frac0, float(g["k"][0]), float(g["mid"][0])]
     params, status, reason = p0, "ok_grid", "curve_fit did not converge; grid optimum kept"
-    bounds = ([-0.05, 0.0, K_RANGE[0], x[0]], [1.05, 1.05, 2 * K_RANGE[1], x[-1]])
-    p0 = np.clip(p0, np.array(bounds[0]) + 1e-9, np.array(bounds[1]) - 1e-9)
+    bounds = ([0.0, 0.0, K_RANGE[0], x[0]], [1.0, 1.0, 2 * K_RANGE[1], x[-1]])
+    p0c = np.clip(p0, np.array(bounds[0]) + 1e-9, np.array(bounds[1]) - 1e-9)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # OptimizeWarning about the covariance is irrelevant here
-            popt, _ = curve_fit(sigmoid, x, y, p0=p0, bounds=bounds, maxfev=5000)
-        if np.sum((sigmoid(x, *popt) - y) ** 2) <= g["sse"][0] + 1e-12:
-            params, status, reason = list(popt), "ok", "least-squares sigmoid fit"
+            popt, _ = curve_fit(_sigmoid_frac, x, y, p0=p0c, bounds=bounds, maxfev=5000)
+        if np.sum((_sigmoid_frac(x, *popt) - y) ** 2) <= g["sse"][0] + 1e-12:
+            params, status, reason = list(popt), "ok", "least-squares sigmoid fit, 0 ≤ lo ≤ hi ≤ 1"
         else:
             reason = "curve_fit ended worse than the grid optimum; grid optimum kept"
     except (RuntimeError, ValueError) as e:
         reason = f"curve_fit failed ({e}); grid optimum kept"
-    lo, amp, k, mid = (float(p) for p in params)
-    rmse = float(np.sqrt(np.mean((sigmoid(x, lo, amp, k, mid) - y) ** 2)))
-    half = lo + 0.5 * amp  # the fitted curve's height at α*
-    if mid >= x[-1] - 1e-6 or y[-1] < half:
-        return SigmoidFit("beyond_grid", f"H has not risen halfway by the largest ratio: α* ≥ {x[-1]:g} is not identified",
-                          lo=lo, hi=lo + amp, k=k, rmse=rmse)
-    if mid <= x[0] + 1e-6 or y[0] > half:
-        return SigmoidFit("below_grid", f"H is past halfway at the smallest ratio: α* ≤ {x[0]:g} is not identified",
-                          lo=lo, hi=lo + amp, k=k, rmse=rmse)
-    return SigmoidFit(status, reason, alpha_star=mid, lo=lo, hi=lo + amp, k=k, rmse=rmse)
+    lo, frac, k, mid = (float(p) for p in params)
+    hi = lo + frac * (1.0 - lo)
+    rmse = float(np.sqrt(np.mean((sigmoid(x, lo, hi - lo, k, mid) - y) ** 2)))
+    code = int(edge_codes(x, y[None, :], lo, hi, mid, tol=grid.mid_step / 2)[0])
+    if code == BEYOND_GRID:
+        return SigmoidFit("beyond_grid", f"H has not risen halfway by the second-largest ratio: α* > {x[-2]:g} is not "
+                                         f"identified",
+                          lo=lo, hi=hi, k=k, rmse=rmse)
+    if code == BELOW_GRID:
+        return SigmoidFit("below_grid", f"H is past halfway by the second-smallest ratio: α* < {x[1]:g} is not identified",
+                          lo=lo, hi=hi, k=k, rmse=rmse)
+    return SigmoidFit(status, reason, alpha_star=mid, lo=lo, hi=hi, k=k, rmse=rmse)

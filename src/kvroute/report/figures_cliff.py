@@ -47,8 +47,13 @@ def cliff_figure(curves: pd.DataFrame, cliffs: pd.DataFrame, *, family: str = "a
                 ax.plot(x, sigmoid(x, f["lo"], f["hi"] - f["lo"], f["k"], a), ":", color=c, lw=1)
                 ax.axvline(a, color=c, lw=1, alpha=0.8)
                 lo, hi = _num(f.get("alpha_star_low")), _num(f.get("alpha_star_high"))
-                if lo is not None and hi is not None:
-                    ax.axvspan(lo, hi, color=c, alpha=0.08)
+                if lo is not None or hi is not None:  # an open end is drawn to the grid's edge, hatched
+                    x0, x1 = float(g["ratio"].min()), float(g["ratio"].max())
+                    ax.axvspan(x0 if lo is None else lo, x1 if hi is None else hi, color=c, alpha=0.08,
+                               hatch=None if lo is not None and hi is not None else "//")
+            m = _num(f.get("alpha_half"))
+            if m is not None:
+                ax.axvline(m, color=c, lw=1, ls="--", alpha=0.6)
             s = _num(f.get("safe_ratio"))
             if s is not None:
                 ax.plot([s], [0], marker="^", color=c, ms=8, clip_on=False, zorder=5)
@@ -59,7 +64,7 @@ def cliff_figure(curves: pd.DataFrame, cliffs: pd.DataFrame, *, family: str = "a
     axes[0].set_ylabel("hallucination rate H(α)")
     axes[0].legend(fontsize=8, loc="upper left")
     fig.suptitle(f"Hallucination cliff ({plain_label(fam)}): band = 95% bootstrap CI, vertical line = α*, "
-                 f"shaded = its CI, ▲ = safe ratio", fontsize=10)
+                 f"shaded = its CI (hatched = open-ended), dashed = monotone α½, ▲ = safe ratio", fontsize=10)
     return fig
 
 
@@ -120,5 +125,6 @@ def ger_figure(points: pd.DataFrame, corr: pd.DataFrame, *, family: str = "all")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     axes[0].set_ylabel("hallucination rate")
-    fig.suptitle("GER against hallucination across the ratio grid (labels = ratio; Pearson r)", fontsize=10)
+    fig.suptitle("GER against hallucination across the ratio grid (labels = ratio; Pearson r pooled over ratios, "
+                 "confounded by α)", fontsize=10)
     return fig
