@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvroute.engine import NO_PRESS, Cell, DecodeSettings, Engine, EngineResult
-from kvroute.errors import ConfigError
+from kvroute.errors import CELL_ERRORS, ConfigError, error_reason
 from kvroute.metrics import DEFAULT_METRICS, METRICS, CellContext, MetricSettings
-from kvroute.metrics.accessibility import EvidenceRollout
+from kvroute.metrics.accessibility import EvidenceRollout, document_range
+from kvroute.metrics.representation import answer_candidates
 from kvroute.presses import build_press
-from kvroute.tasks.prompt import REGIMES, build_prompt
+from kvroute.tasks.prompt import REGIMES, answer_ids, build_prompt
 
 log = logging.getLogger(__name__)
 
@@ -47,60 +48,121 @@ class RunSettings:
 
 
 def task_fields(instance: Any, prompt: Any) -> dict[str, Any]:
+    """The instance's tags for its records; ``prompt`` None when the prompt itself could not be built."""
+    located = prompt is not None and bool(prompt.answer_positions)
     return {
         "instance_id": instance.id, "family": instance.family, "answer_type": instance.answer_type,
         "question_type": instance.question_type, "unanswerable": instance.unanswerable,
-        "context_tokens": prompt.n_context, "difficulty": instance.meta.get("difficulty"),
+        "context_tokens": prompt.n_context if prompt is not None else None,
+        "difficulty": instance.meta.get("difficulty"),
         "gold": list(instance.answers),
         # "none" when no answer occurrence could be located in the context (imported data): GER is undefined
-        "evidence": "none" if (instance.meta.get("evidence") == "none" or not prompt.answer_positions)
+        "evidence": "none" if (instance.meta.get("evidence") == "none" or not located)
         and not instance.unanswerable else "located",
         "depth": instance.meta.get("depth"),
         "target_length": instance.meta.get("target_length") or instance.meta.get("target_tokens"),
     }
 
 
-def gold_ids(tokenizer: Any, instance: Any) -> list[int]:
+def gold_ids(tokenizer: Any, instance: Any, prompt: Any) -> list[int]:
+    """The gold answer's tokens as the model would write them after ``prompt`` (teacher-forced for gold_logprob).
+
+    Its natural continuation (:func:`kvroute.tasks.prompt.answer_ids`): after the prompt's chat
+    template, system prompt and answer prefix, with the leading space ("ĠPellmarsh"), not the gold
+    tokenised on its own.
+    """
     gold = ABSTAIN_GOLD if instance.unanswerable else instance.answers[0]
-    return tokenizer.encode(gold, add_special_tokens=False)
+    return answer_ids(tokenizer, prompt, gold)
 
 
 def run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regime: str = "agnostic", seed: int = 0,
                  settings: RunSettings = RunSettings(), model_name: str | None = None) -> list[dict[str, Any]]:
-    """Prefill ``instance`` once under ``regime``, decode every cell, and return one record per cell."""
+    """Prefill ``instance`` once under ``regime``, decode every cell, and return one record per cell.
+
+    A cell that fails with one of :data:`kvroute.errors.CELL_ERRORS` (e.g. oracle on an item without
+    evidence) gets a record with ``status="error"`` and the one-line ``error``, without metric
+    fields; the other cells are computed. When the instance itself fails (its prompt does not fit
+    the model, a span maps to no token), every cell's record says so. Other exceptions propagate.
+    """
     if regime not in REGIMES:
         raise ConfigError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+    name = model_name or engine.lm.name
+    try:
+        return _run_instance(engine, instance, cells, regime=regime, seed=seed, settings=settings, model_name=name)
+    except CELL_ERRORS as e:
+        reason = error_reason(e)
+        log.warning("instance %s: every cell failed: %s", instance.id, reason)
+        base = task_fields(instance, None)
+        return [error_record(cell, reason, model_name=name, regime=regime, seed=seed, base=base) for cell in cells]
+
+
+def press_fields(press: str) -> dict[str, Any]:
+    """``scorer`` and ``selection`` of a press spec (None when the spec does not build)."""
+    if press == NO_PRESS:
+        return {"scorer": NO_PRESS, "selection": NO_PRESS}
+    try:
+        p = build_press(press)
+    except CELL_ERRORS:
+        return {"scorer": None, "selection": None}
+    return {"scorer": str(p.scorer.spec()), "selection": str(p.selection.spec())}
+
+
+def error_record(cell: Cell, reason: str, *, model_name: str, regime: str, seed: int, base: dict[str, Any],
+                 seconds: dict[str, float] | None = None) -> dict[str, Any]:
+    """The record of a cell that could not be computed: identity, task tags, ``status="error"`` and why."""
+    return {"model": model_name, "press": cell.press, "ratio": cell.ratio, "regime": regime, "seed": seed, **base,
+            **press_fields(cell.press), "status": "error", "error": reason,
+            "seconds_prefill": (seconds or {}).get("prefill"), "seconds_decode": (seconds or {}).get("decode")}
+
+
+def _run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regime: str, seed: int,
+                  settings: RunSettings, model_name: str) -> list[dict[str, Any]]:
     lm = engine.lm
     prompt = build_prompt(lm.tokenizer, instance, regime=regime, system_prompt=settings.system_prompt,
                           answer_prefix=settings.answer_prefix)
     needs = settings.needs
     ev = [p for p in prompt.evidence_positions if p < prompt.n_context]
-    rollout = EvidenceRollout(ev, prompt.n_context) if "routes" in needs and ev else None
+    rollout = None
+    if "routes" in needs and ev:  # the evidence rollout and its null sources (random same-shape position sets)
+        rollout = EvidenceRollout.for_prompt(prompt, ev, settings=settings.metric, seed=seed,
+                                             doc_range=document_range(lm.tokenizer, prompt, instance))
     track = {"evidence": ev} if ("attention" in needs and ev) else None
-    result = engine.run(prompt, cells, gold_ids=gold_ids(lm.tokenizer, instance) if "gold" in needs else None,
-                        evidence=ev, track=track, seed=seed, captures=[rollout] if rollout else [])
+    # the logit lens reads the first in-context token of the gold and of each distractor
+    gold = gold_ids(lm.tokenizer, instance, prompt) if needs & {"gold", "lens"} else None
+    cands = answer_candidates(lm.tokenizer, prompt, instance, gold) if "lens" in needs else None
+    result = engine.run(prompt, cells, gold_ids=gold if "gold" in needs else None,
+                        evidence=ev, track=track, seed=seed, captures=[rollout] if rollout else [],
+                        lens_ids=list(cands.ids) if cands else None, cell_errors=True)
     return records_from_result(instance, prompt, result, regime=regime, seed=seed, settings=settings,
-                               model_name=model_name or lm.name, group_size=lm.info.group_size,
-                               evidence_share=rollout.shares() if rollout else None)
+                               model_name=model_name, group_size=lm.info.group_size,
+                               evidence_share=rollout.shares() if rollout else None,
+                               null_share=rollout.null_shares() if rollout else None, candidates=cands)
 
 
 def records_from_result(instance: Any, prompt: Any, result: EngineResult, *, regime: str, seed: int,
                         settings: RunSettings, model_name: str, group_size: int,
-                        evidence_share: Any = None) -> list[dict[str, Any]]:
+                        evidence_share: Any = None, null_share: Any = None,
+                        candidates: Any = None) -> list[dict[str, Any]]:
     base = task_fields(instance, prompt)
     records = []
-    for cell, mask, out in zip(result.cells, result.masks, result.outputs, strict=True):
-        if cell.press == NO_PRESS:
-            scorer, selection = NO_PRESS, NO_PRESS
-        else:
-            p = build_press(cell.press)
-            scorer, selection = str(p.scorer.spec()), str(p.selection.spec())
-        rec: dict[str, Any] = {"model": model_name, "press": cell.press, "ratio": cell.ratio, "regime": regime,
-                               "seed": seed, **base, "scorer": scorer, "selection": selection}
-        ctx = CellContext(instance, prompt, mask, out, result.full, group_size, settings.metric,
-                          evidence_share=evidence_share)
-        for name in settings.metrics:
-            rec.update(METRICS.get(name).compute(ctx))
+    for i, (cell, mask, out) in enumerate(zip(result.cells, result.masks, result.outputs, strict=True)):
+        reason = result.errors.get(i)
+        if reason is None and (mask is None or out is None):  # pragma: no cover - engine invariant
+            reason = "EngineError: internal error: the engine returned no output for this cell"
+        if reason is None:
+            rec: dict[str, Any] = {"model": model_name, "press": cell.press, "ratio": cell.ratio, "regime": regime,
+                                   "seed": seed, **base, **press_fields(cell.press), "status": "ok"}
+            ctx = CellContext(instance, prompt, mask, out, result.full, group_size, settings.metric,
+                              evidence_share=evidence_share, null_share=null_share, candidates=candidates)
+            try:
+                for name in settings.metrics:
+                    rec.update(METRICS.get(name).compute(ctx))
+            except CELL_ERRORS as e:
+                reason = error_reason(e)
+        if reason is not None:
+            log.info("instance %s, cell %s@%g: %s", instance.id, cell.press, cell.ratio, reason)
+            rec = error_record(cell, reason, model_name=model_name, regime=regime, seed=seed, base=base,
+                               seconds=result.seconds)
         rec["seconds_prefill"] = result.seconds.get("prefill")
         rec["seconds_decode"] = result.seconds.get("decode")
         records.append(rec)

@@ -1,4 +1,4 @@
-"""The linear probe: macro-F1 under stratified cross-validation, and its errors."""
+"""The answer-type probe (a control that reads the question): macro-F1 under stratified cross-validation."""
 
 import numpy as np
 import pandas as pd
@@ -66,3 +66,35 @@ def test_probe_by_ratio_leaves_out_rare_classes_and_says_so():
                        "probe_features": [x.tolist() for x in X], "answer_type": labels})
     row = probe_by_ratio(df).iloc[0]
     assert row.n_classes == 3 and row.macro_f1 > 0.95 and "rare (1)" in row.note
+
+
+def test_the_type_probe_is_a_control_blind_to_evidence_loss_that_the_identity_probe_sees():
+    """The issue's case: with every evidence token evicted the question still gives the type away (type
+    probe ≈ 1), but nothing says which value is the answer (identity at chance)."""
+    from kvroute.analysis.probe import identity_by_ratio
+
+    rng = np.random.default_rng(7)
+    n, L = 60, 10
+    X, y = _blobs(sep=10, n=n)  # the question's wording: decodable type at every ratio
+    rows = []
+    for ratio, margin in ((0.0, 2.0), (0.95, 0.0)):  # α = 0.95: the gold's lens margin is gone
+        for i in range(n):
+            cands = rng.normal(-9, 2, (1, L)) + rng.normal(0, 1, (3, L))
+            cands[0, L // 2:] += margin
+            rows.append({"model": "m", "press": "anti_oracle", "regime": "agnostic", "ratio": ratio,
+                         "instance_id": str(i), "probe_features": X[i].tolist(), "answer_type": f"t{y[i]}",
+                         "lens_candidates": cands.tolist(), "unanswerable": False})
+    df = pd.DataFrame(rows)
+    control = probe_by_ratio(df).set_index("ratio")
+    ident = identity_by_ratio(df, n_boot=300).set_index("ratio")
+    assert control.loc[0.95, "macro_f1"] > 0.95  # the control cannot see it
+    assert ident.loc[0.0, "accuracy_low"] > ident.loc[0.0, "chance"] + 0.2
+    assert ident.loc[0.95, "accuracy_low"] <= ident.loc[0.95, "chance"] <= ident.loc[0.95, "accuracy_high"]
+
+
+def test_the_metrics_namespace_exports_the_identity_probe():
+    from kvroute.analysis import probe
+    from kvroute.metrics import probe as metrics_probe
+
+    assert metrics_probe.identity_probe is probe.identity_probe
+    assert metrics_probe.identity_by_ratio is probe.identity_by_ratio

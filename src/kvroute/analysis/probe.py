@@ -1,23 +1,56 @@
-"""Representation degradation: a cross-validated linear probe for the answer-type tag (also exported as kvroute.metrics.probe).
+"""Representation probes (also exported as kvroute.metrics.probe).
 
-The probe is a standardised logistic regression on the last-prompt-token hidden-state features
-(``probe_features`` in the records), scored by macro-F1 under stratified k-fold cross-validation.
+Two probes of the last prompt token, which predicts the first answer token:
+
+* **Answer identity** (:func:`identity_probe`, :func:`identity_by_ratio`) — the probe that counts.
+  Which of the instance's candidate values (the gold answer vs its distractors) is the answer,
+  read from the logit lens (``lens_candidates``: per candidate, the log-prob of its first
+  in-context token under the final norm + unembedding of every layer). A conditional-logit probe
+  — softmax over one instance's candidates of ``w · x_c``, with a few weights shared by all
+  candidates and instances (``x_c``: the candidate's lens log-prob averaged over ``bins``
+  contiguous depth bins, weights ≥ 0 so that only "more likely" can mean "the answer") — is
+  fitted across instances and scored out of fold (instance-grouped folds). Its accuracy is compared with chance, the mean of 1 / n_candidates, with a bootstrap
+  interval over instances; the untrained readout (the last layer's argmax over candidates, i.e.
+  the model's own preference among the values) is reported beside it. Everything the question
+  alone reveals (the type, the wording) is shared by all candidates of an instance and cancels in
+  the softmax, so the probe can only beat chance when the hidden state tells *which* value — when
+  the evidence is still usable. Items that are unanswerable, or have no distinguishable
+  distractor, are left out and counted.
+* **Answer type** (:func:`linear_probe_macro_f1`, :func:`probe_by_ratio`) — a **control that reads
+  the question**: a standardised logistic regression on ``probe_features`` for the answer-type tag,
+  scored by macro-F1 under stratified k-fold cross-validation. The type follows from the question's
+  wording, which the question-agnostic regime never compresses, so this probe stays perfect with
+  every evidence token evicted; it shows the hidden state still encodes the question, nothing more.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
-from kvroute.analysis.common import PRESS_KEYS, AnalysisError, as_key, attach_baseline, has_columns, stack_vectors
+from kvroute.analysis.bootstrap import percentile_interval, resample_weights
+from kvroute.analysis.common import (
+    PRESS_KEYS,
+    AnalysisError,
+    as_key,
+    attach_baseline,
+    group_seed,
+    has_columns,
+    stack_vectors,
+)
+
+#: depth bins the identity probe averages the lens over (its number of weights)
+IDENTITY_BINS = 4
 
 
 def linear_probe_macro_f1(X: np.ndarray, y: Sequence[object] | np.ndarray, *, folds: int = 5,
                           seed: int = 0) -> tuple[float, float]:
-    """Mean and standard deviation over folds of the macro-F1 of a logistic-regression probe.
+    """Mean and standard deviation over folds of the macro-F1 of a logistic-regression probe (the type control).
 
     ``X`` is ``[n, d]``; ``y`` holds n class labels. Raises :class:`AnalysisError` when there are
     fewer than 2 classes or some class has fewer members than ``folds``.
@@ -61,7 +94,9 @@ def linear_probe_macro_f1(X: np.ndarray, y: Sequence[object] | np.ndarray, *, fo
 
 def probe_by_ratio(df: pd.DataFrame, feature_col: str = "probe_features", label_col: str = "answer_type", *,
                    keys: Sequence[str] = PRESS_KEYS, folds: int = 5, seed: int = 0) -> pd.DataFrame:
-    """The probe per (group, ratio), next to accuracy (mean ``exact``) when records carry it.
+    """The answer-type control probe per (group, ratio), next to accuracy (mean ``exact``) when records carry it.
+
+    A control: it reads the question (see the module docstring), so it cannot detect evidence loss.
 
     Classes with fewer than ``folds`` members in a group are left out of that group's probe (and
     named in ``note``); the same instances appear at every ratio, so the class set stays
@@ -92,4 +127,231 @@ def probe_by_ratio(df: pd.DataFrame, feature_col: str = "probe_features", label_
         except AnalysisError as e:
             row["note"] = str(e)
         rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+# --------------------------------------------------------------------------------------------------
+# Answer identity: a conditional-logit probe over each instance's candidate values
+# --------------------------------------------------------------------------------------------------
+
+def _candidate_matrix(v: object) -> np.ndarray | None:
+    """One record's ``lens_candidates`` as a float array ``[n_candidates, L]`` (None when absent or unusable)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, str):  # CSV exports keep nested lists as JSON text
+        v = json.loads(v) if v.strip() else None
+        if v is None:
+            return None
+    try:
+        a = np.array(v, dtype=float)
+    except (TypeError, ValueError):  # ragged or not numbers
+        return None
+    return a if a.ndim == 2 and a.shape[1] > 0 else None
+
+
+def candidate_features(cands: np.ndarray, bins: int = IDENTITY_BINS) -> np.ndarray:
+    """``[n_candidates, L]`` lens log-probs → ``[n_candidates, K]``: the mean over K contiguous depth bins.
+
+    Centred over the instance's candidates (what every candidate shares — the question, the
+    layer's overall scale — cancels in the probe's softmax anyway; centring only fixes the scale
+    the weights are regularised at). ``K = min(bins, L)``.
+    """
+    cands = np.asarray(cands, dtype=float)
+    L = cands.shape[1]
+    K = max(1, min(bins, L))
+    edges = np.linspace(0, L, K + 1).round().astype(int)
+    f = np.stack([cands[:, a:b].mean(1) for a, b in zip(edges[:-1], edges[1:], strict=True)], axis=1)
+    return f - f.mean(0, keepdims=True)
+
+
+def _credit(scores: np.ndarray) -> float:
+    """1 when the gold (entry 0) has the strictly highest score, 1/k when it ties k-way for the top, else 0."""
+    top = scores.max()
+    tied = np.flatnonzero(np.isclose(scores, top, rtol=1e-9, atol=1e-12))
+    return 1.0 / len(tied) if 0 in tied else 0.0
+
+
+def _pad(feats: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Items of ``[n_i, K]`` → ``[N, C, K]`` zero-padded, with the ``[N, C]`` mask of real candidates."""
+    C, K = max(f.shape[0] for f in feats), feats[0].shape[1]
+    X, M = np.zeros((len(feats), C, K)), np.zeros((len(feats), C), bool)
+    for i, f in enumerate(feats):
+        X[i, : len(f)], M[i, : len(f)] = f, True
+    return X, M
+
+
+def fit_conditional_logit(feats: Sequence[np.ndarray], *, l2: float = 1.0, nonnegative: bool = True) -> np.ndarray:
+    """Weights ``w [K]`` maximising Σ_i log softmax_c(w · x_ic)[gold = 0] − l2/2 ‖w‖² (features standardised).
+
+    ``feats``: per item ``[n_candidates, K]``, the gold first. Fitted by L-BFGS-B with the exact
+    gradient. ``nonnegative`` (the default) bounds ``w ≥ 0``: the probe may only read a candidate
+    as the answer where the lens makes it *more* likely. Unbounded, it could learn "the answer is
+    the value the model does not predict" — which anti_oracle (it evicts exactly the gold's mentions
+    and keeps the distractors') makes true without any usable evidence.
+    """
+    from scipy.optimize import minimize
+
+    X, M = _pad(feats)
+    sd = X[M].std(0)
+    sd = np.where(sd > 0, sd, 1.0)
+    Z = X / sd
+
+    def loss(w: np.ndarray) -> tuple[float, np.ndarray]:
+        s = np.where(M, Z @ w, -np.inf)  # [N, C]
+        m = s.max(1, keepdims=True)
+        e = np.exp(s - m)
+        lse = m[:, 0] + np.log(e.sum(1))
+        p = e / e.sum(1, keepdims=True)  # [N, C]
+        nll = float((lse - s[:, 0]).sum()) + 0.5 * l2 * float(w @ w)
+        grad = np.einsum("nc,nck->k", p, Z) - Z[:, 0].sum(0) + l2 * w
+        return nll, grad
+
+    bounds = [(0.0, None)] * Z.shape[2] if nonnegative else None
+    res = minimize(loss, np.zeros(Z.shape[2]), jac=True, method="L-BFGS-B", bounds=bounds)
+    return res.x / sd
+
+
+def _bootstrap_mean(values: np.ndarray, groups: np.ndarray, n_boot: int, confidence: float,
+                    rng: np.random.Generator) -> tuple[float, float]:
+    """Percentile interval of the mean of ``values`` resampling ``groups`` (instances) with replacement."""
+    uniq, inv = np.unique(groups, return_inverse=True)
+    sums = np.bincount(inv, weights=values, minlength=len(uniq))
+    counts = np.bincount(inv, minlength=len(uniq)).astype(float)
+    w = resample_weights(len(uniq), n_boot, rng)
+    lo, hi = percentile_interval((w @ sums) / (w @ counts), confidence)
+    return float(lo), float(hi)
+
+
+def identity_probe(candidates: Sequence[np.ndarray], groups: Sequence[object] | None = None, *,
+                   folds: int = 5, bins: int = IDENTITY_BINS, l2: float = 1.0, nonnegative: bool = True,
+                   n_boot: int = 1000, confidence: float = 0.95, seed: int = 0) -> dict[str, float | int]:
+    """Cross-validated answer-identity accuracy against chance, and the untrained last-layer readout.
+
+    ``candidates``: per item an array ``[n_candidates ≥ 2, L]`` of logit-lens log-probs, the gold
+    first (the order carries no information to the probe: its weights are shared by all candidates
+    and ties earn 1/k). ``groups``: the instance of each item (folds never split an instance; the
+    bootstrap resamples instances); default: every item its own instance. ``nonnegative``: see
+    :func:`fit_conditional_logit` (a probe that reads "more likely" only).
+
+    Returns ``accuracy`` (mean out-of-fold credit) with ``accuracy_low``/``accuracy_high``,
+    ``chance`` (mean 1 / n_candidates), ``p_value`` (one-sided, normal approximation of the
+    Poisson-binomial count under chance), ``untrained`` (last-layer argmax) with its interval,
+    ``n`` items, ``n_instances``, ``folds`` and ``null_folds`` (folds whose fitted weights are all 0:
+    no direction made the gold more likely, so every test item of that fold earns exactly 1/n). Raises :class:`AnalysisError` on unusable input.
+    """
+    mats = [np.asarray(c, dtype=float) for c in candidates]
+    if not mats:
+        raise AnalysisError("the identity probe has no items (every item was unanswerable or had no distractor)")
+    for i, m in enumerate(mats):
+        if m.ndim != 2 or m.shape[0] < 2:
+            raise AnalysisError(f"item {i}: the identity probe needs [n_candidates ≥ 2, L] features, got shape {m.shape}")
+        if not np.isfinite(m).all():
+            raise AnalysisError(f"item {i}: identity features contain NaN or infinite values; drop those items first")
+    if len({m.shape[1] for m in mats}) > 1:
+        raise AnalysisError("identity features have different layer counts; probe one model at a time")
+    if folds < 2:
+        raise AnalysisError(f"folds must be at least 2, got {folds}")
+    g = np.asarray(list(groups) if groups is not None else range(len(mats)), dtype=object).astype(str)
+    if len(g) != len(mats):
+        raise AnalysisError(f"{len(mats)} items but {len(g)} group labels")
+    uniq = np.unique(g)
+    if len(uniq) < folds:
+        raise AnalysisError(f"too few instances ({len(uniq)}) for {folds}-fold cross-validation of the identity probe; "
+                            "use more instances or fewer folds")
+    rng = np.random.default_rng(seed)
+    fold_of = dict(zip(rng.permutation(uniq), np.arange(len(uniq)) % folds, strict=True))
+    fold = np.array([fold_of[x] for x in g])
+    feats = [candidate_features(m, bins) for m in mats]
+    credit = np.zeros(len(mats))
+    null_folds = 0
+    for f in range(folds):
+        w = fit_conditional_logit([feats[j] for j in np.flatnonzero(fold != f)], l2=l2, nonnegative=nonnegative)
+        null_folds += int(not np.any(np.abs(w) > 1e-12))  # no direction makes the gold more likely: pure ties
+        for j in np.flatnonzero(fold == f):
+            credit[j] = _credit(feats[j] @ w)
+    untrained = np.array([_credit(m[:, -1]) for m in mats])
+    p_chance = np.array([1.0 / m.shape[0] for m in mats])
+    var = float((p_chance * (1 - p_chance)).sum())
+    z = (credit.sum() - p_chance.sum()) / math.sqrt(var) if var > 0 else float("nan")
+    lo, hi = _bootstrap_mean(credit, g, n_boot, confidence, rng)
+    ulo, uhi = _bootstrap_mean(untrained, g, n_boot, confidence, rng)
+    return {"accuracy": float(credit.mean()), "accuracy_low": lo, "accuracy_high": hi,
+            "chance": float(p_chance.mean()), "p_value": float(0.5 * math.erfc(z / math.sqrt(2))),
+            "untrained": float(untrained.mean()), "untrained_low": ulo, "untrained_high": uhi,
+            "n": len(mats), "n_instances": len(uniq), "folds": folds, "null_folds": null_folds}
+
+
+IDENTITY_COLUMNS = ("accuracy", "accuracy_low", "accuracy_high", "chance", "p_value", "untrained", "untrained_low",
+                    "untrained_high", "n", "n_instances", "folds", "null_folds")
+
+
+def identity_by_ratio(df: pd.DataFrame, col: str = "lens_candidates", *, keys: Sequence[str] = PRESS_KEYS,
+                      folds: int = 5, bins: int = IDENTITY_BINS, n_boot: int = 1000, confidence: float = 0.95,
+                      seed: int = 0) -> pd.DataFrame:
+    """The answer-identity probe per (group, ratio), with the exclusions counted and the lens beside it.
+
+    Unanswerable items (``n_excluded_unanswerable``) and items with fewer than two distinguishable
+    candidates (``n_excluded_no_distractor``; ``n_candidates_dropped`` counts the distractors left
+    out everywhere because their first token equals a kept candidate's) are not probed. Beside the
+    probe: ``lens_logprob_final`` (mean gold first-token log-prob at the last layer),
+    ``lens_top1`` (share of items whose gold first token is the model's top-1) and ``exact``.
+    Groups where the probe cannot run get NaN and the reason in ``note``. Returns an empty frame
+    (with the columns) when the records have no ``col``.
+    """
+    keys = list(keys)
+    cols = [*keys, "ratio", *IDENTITY_COLUMNS, "n_excluded_unanswerable", "n_excluded_no_distractor",
+            "n_candidates_dropped", "mean_candidates", "lens_logprob_final", "lens_top1", "exact", "note"]
+    if not has_columns(df, [col]):
+        return pd.DataFrame(columns=cols)
+    data = attach_baseline(df)
+    data = data[data[col].notna()]
+    rows = []
+    for key, grp in data.groupby([*keys, "ratio"], sort=True):
+        row: dict[str, object] = {**as_key([*keys, "ratio"], key), **dict.fromkeys(IDENTITY_COLUMNS, np.nan), "note": ""}
+        mats = [_candidate_matrix(v) for v in grp[col]]
+        unans = (grp["unanswerable"].fillna(False).astype(bool).to_numpy() if "unanswerable" in grp
+                 else np.zeros(len(grp), bool))
+        usable = np.array([m is not None and m.shape[0] >= 2 for m in mats]) & ~unans
+        row["n_excluded_unanswerable"] = int(unans.sum())
+        row["n_excluded_no_distractor"] = int((~usable & ~unans).sum())
+        row["n_candidates_dropped"] = (int(pd.to_numeric(grp["lens_candidates_dropped"], errors="coerce").fillna(0).sum())
+                                       if "lens_candidates_dropped" in grp else 0)
+        kept = [m for m, u in zip(mats, usable, strict=True) if u and m is not None]
+        row["mean_candidates"] = float(np.mean([m.shape[0] for m in kept])) if kept else np.nan
+        for name, src, fn in (("lens_logprob_final", "lens_gold_logprob_final", lambda s: s.mean()),
+                              ("lens_top1", "lens_gold_rank_final", lambda s: (s == 0).mean()),
+                              ("exact", "exact", lambda s: s.mean())):
+            s = pd.to_numeric(grp[src], errors="coerce").dropna() if src in grp else pd.Series(dtype=float)
+            row[name] = float(fn(s)) if len(s) else np.nan
+        try:
+            row.update(identity_probe(kept, grp["instance_id"].to_numpy()[usable], folds=folds, bins=bins,
+                                      n_boot=n_boot, confidence=confidence,
+                                      seed=int(group_seed(seed, key).integers(2**31))))
+        except AnalysisError as e:
+            row["note"] = str(e)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def lens_profiles(df: pd.DataFrame, *, keys: Sequence[str] = PRESS_KEYS) -> pd.DataFrame:
+    """Mean logit-lens log-prob of the gold's first token per layer, and the share ranking it top-1, per (group, ratio).
+
+    One row per (group, ratio, layer) with ``layer`` 1 … L, ``logprob``, ``top1`` and ``n``.
+    """
+    keys = list(keys)
+    cols = [*keys, "ratio", "layer", "logprob", "top1", "n"]
+    if not has_columns(df, ["lens_gold_logprob"]):
+        return pd.DataFrame(columns=cols)
+    data = attach_baseline(df)
+    data = data[data["lens_gold_logprob"].notna()]
+    rows = []
+    for key, grp in data.groupby([*keys, "ratio"], sort=True):
+        lp = stack_vectors(grp["lens_gold_logprob"])
+        rk = stack_vectors(grp["lens_gold_rank"]) if "lens_gold_rank" in grp else np.full_like(lp, np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean_lp, top1 = np.nanmean(lp, 0), np.nanmean(np.where(np.isnan(rk), np.nan, rk == 0), 0)
+        for layer in range(lp.shape[1]):
+            rows.append({**as_key([*keys, "ratio"], key), "layer": layer + 1, "logprob": float(mean_lp[layer]),
+                         "top1": float(top1[layer]), "n": int(np.isfinite(lp[:, layer]).sum())})
     return pd.DataFrame(rows, columns=cols)

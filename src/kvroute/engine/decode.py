@@ -49,6 +49,10 @@ class CellOutput:
     generated_mass: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [steps, L, H]
     generated_rows: list[torch.Tensor] | None = None  # per step [L, H, T + Q + step] float16
     logits: torch.Tensor | None = None  # [G + 1, V]: logits at prompt positions Q-1 … Q+G-1 (keep_logits)
+    # logit lens at the last prompt token, layers 1 … L (final norm + unembedding; the last layer is the
+    # model's own logits), one column per requested ``lens_ids`` token: log-prob, and rank (0 = top-1)
+    lens_logprob: torch.Tensor | None = None  # [L, n_ids] float32
+    lens_rank: torch.Tensor | None = None  # [L, n_ids] int64
 
 
 def _stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:
@@ -62,6 +66,51 @@ def _stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:
     return set(eos if isinstance(eos, list) else [eos])
 
 
+def _final_norm(model: nn.Module) -> nn.Module:
+    """The decoder's final norm (applied before the unembedding), for the logit lens."""
+    get_decoder: Any = getattr(model, "get_decoder", None)
+    base: Any = get_decoder() if callable(get_decoder) else getattr(model, "model", None)
+    for owner in (base, getattr(base, "language_model", None), getattr(model, "model", None)):
+        norm = getattr(owner, "norm", None) if owner is not None else None
+        if isinstance(norm, nn.Module):
+            return norm
+    raise EngineError(f"cannot find the final norm of {type(model).__name__} (looked for .model.norm); "
+                      "the logit lens needs it — drop the 'lens' metric for this model")
+
+
+def logit_lens(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: torch.Tensor,
+               ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and rank of each of ``ids`` under the logit lens of every layer, at one position.
+
+    ``hidden``: the model's ``hidden_states`` (embeddings first, L + 1 entries of ``[B, d]``; as in
+    transformers, the last entry is already normed); ``final_logits`` ``[B, V]``: the model's own
+    logits there (used for layer L, so the lens's last layer is exactly the model's next-token
+    distribution). Layer ℓ < L: log-softmax of ``unembed(final_norm(h_ℓ))`` over the full vocabulary
+    (final logit soft-capping applied when the config has one). Returns ``[B, L, n]`` float32 log-probs
+    and ``[B, L, n]`` int64 ranks (number of vocabulary entries strictly more likely; 0 = top-1).
+    """
+    get_head: Any = getattr(model, "get_output_embeddings", None)
+    norm, head = _final_norm(model), get_head() if callable(get_head) else None
+    if head is None:
+        raise EngineError(f"{type(model).__name__} has no output embeddings; the logit lens needs the unembedding")
+    config: Any = model.config
+    cap = getattr(getattr(config, "text_config", config), "final_logit_softcapping", None)
+    idx = torch.as_tensor(list(ids), dtype=torch.long, device=final_logits.device)
+    lps, ranks = [], []
+    for layer in range(1, len(hidden)):
+        if layer == len(hidden) - 1:
+            logits = final_logits.float()
+        else:
+            logits = head(norm(hidden[layer])).float()  # [B, V]: one layer at a time (V can be 150k)
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.index_select(-1, idx)  # [B, n]
+        lps.append(chosen)
+        ranks.append((logp.unsqueeze(1) > chosen.unsqueeze(-1)).sum(-1))  # [B, n]
+    return torch.stack(lps, dim=1), torch.stack(ranks, dim=1)
+
+
 def _stack_layers(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
     """Per-layer captures ``[b, H, K]`` stacked to ``[b, L, H, K]``; every layer must have reported."""
     missing = [i for i, t in enumerate(per_layer) if t is None]
@@ -73,24 +122,26 @@ def _stack_layers(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
 @torch.inference_mode()
 def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_ids: Sequence[int],
                  masks: Sequence[KeepMask], *, gold_ids: Sequence[int] | None = None,
-                 track: Mapping[str, Sequence[int]] | None = None,
+                 track: Mapping[str, Sequence[int]] | None = None, lens_ids: Sequence[int] | None = None,
                  settings: DecodeSettings = DecodeSettings()) -> list[CellOutput]:
     """Decode every mask in ``masks`` (batched by ``settings.batch_size``); results in the same order.
 
     ``tokenizer`` (a transformers tokenizer, or None for no text) decodes the generated tokens.
+    ``lens_ids``: token ids whose logit-lens log-prob and rank at the last prompt token are
+    recorded per layer (``CellOutput.lens_logprob`` / ``lens_rank``; see :func:`logit_lens`).
     """
     if len(question_ids) == 0:
         raise EngineError("the question part of the prompt is empty; the engine needs at least one suffix token")
     out: list[CellOutput] = []
     for i in range(0, len(masks), settings.batch_size):
         out.extend(_decode_batch(model, tokenizer, pre, list(question_ids), masks[i : i + settings.batch_size],
-                                 list(gold_ids or []), track or {}, settings))
+                                 list(gold_ids or []), track or {}, settings, list(lens_ids or [])))
     return out
 
 
 def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],
                   masks: Sequence[KeepMask], gold: list[int], track: Mapping[str, Sequence[int]],
-                  settings: DecodeSettings) -> list[CellOutput]:
+                  settings: DecodeSettings, lens_ids: list[int] | None = None) -> list[CellOutput]:
     device = pre.keys[0].device
     B, T, Q, G = len(masks), pre.num_tokens, len(question), len(gold)
     L = len(pre.keys)
@@ -129,7 +180,8 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
         ids = torch.tensor([question + gold], device=device).expand(B, -1)
         pos = torch.arange(T, T + Q + G, device=device)
         res = model(input_ids=ids, past_key_values=cache, position_ids=pos.unsqueeze(0).expand(B, -1),
-                    cache_position=pos, use_cache=True, logits_to_keep=G + 1, output_hidden_states=capture)
+                    cache_position=pos, use_cache=True, logits_to_keep=G + 1,
+                    output_hidden_states=capture or bool(lens_ids))
         logits = res.logits  # [B, G + 1, V]: positions Q-1 … Q+G-1
         if G:
             logp = torch.log_softmax(logits[:, :G].float(), dim=-1)  # [B, G, V]
@@ -141,6 +193,10 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             last = _stack_layers(last_rows)  # [B, L, H, T + Q]
             for b in range(B):
                 results[b].last_attention, results[b].hidden = last[b], hs[b].float()
+        if lens_ids:
+            lens_lp, lens_rank = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0], lens_ids)
+            for b in range(B):
+                results[b].lens_logprob, results[b].lens_rank = lens_lp[b], lens_rank[b]
         if settings.keep_logits:
             for b in range(B):
                 results[b].logits = logits[b].float().clone()

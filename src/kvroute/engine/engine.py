@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from kvroute.engine.decode import CellOutput, DecodeSettings, decode_cells
 from kvroute.engine.prefill import PrefillCapture, PrefillResult, ScoreRequest, prefill
-from kvroute.errors import EngineError, PromptTooLongError
+from kvroute.errors import CELL_ERRORS, EngineError, PromptTooLongError, error_reason
 from kvroute.presses import KeepMask, Press, build_press, check_ratio
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,12 @@ class Cell:
 class EngineResult:
     prefill: PrefillResult
     cells: list[Cell]
-    masks: list[KeepMask]
-    outputs: list[CellOutput]
+    masks: list[KeepMask | None]  # None only for a cell in ``errors``
+    outputs: list[CellOutput | None]  # None only for a cell in ``errors``
     full: CellOutput | None  # the uncompressed cache, decoded alongside (the metrics' reference) unless skipped
     full_mask: KeepMask
     seconds: dict[str, float] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)  # cell index -> one-line reason (``cell_errors=True``)
 
 
 class Engine:
@@ -77,11 +78,13 @@ class Engine:
             if c.press != NO_PRESS:
                 self.press(c.press)
 
-    def _requests(self, cells: Sequence[Cell]) -> tuple[list[ScoreRequest], dict[int, Hashable]]:
+    def _requests(self, cells: Sequence[Cell],
+                  skip: Mapping[int, str] | None = None) -> tuple[list[ScoreRequest], dict[int, Hashable]]:
+        skip = skip or {}
         reqs: dict[Hashable, ScoreRequest] = {}
         cell_key: dict[int, Hashable] = {}
         for i, c in enumerate(cells):
-            if c.press == NO_PRESS or c.ratio == 0:
+            if c.press == NO_PRESS or c.ratio == 0 or i in skip:
                 continue
             p = self.press(c.press)
             variant = p.selection.score_variant()
@@ -93,7 +96,8 @@ class Engine:
 
     def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
-            captures: Sequence[PrefillCapture] = (), decode_full: bool = True) -> EngineResult:
+            captures: Sequence[PrefillCapture] = (), decode_full: bool = True,
+            lens_ids: Sequence[int] | None = None, cell_errors: bool = False) -> EngineResult:
         """Prefill ``prompt.context_ids`` once, then decode every cell (plus the full cache) in batches.
 
         ``decode_full=False`` skips the full-cache reference when no cell keeps everything (answers
@@ -101,10 +105,23 @@ class Engine:
 
         ``evidence``: evidence token positions inside the context (needed by oracle controls);
         ``track``: named sets of prompt positions whose attention mass from each generated token is
-        recorded; ``gold_ids``: the gold answer's tokens, teacher-forced for its log-probability.
+        recorded; ``gold_ids``: the gold answer's tokens, teacher-forced for its log-probability;
+        ``lens_ids``: tokens whose per-layer logit lens at the last prompt token is recorded.
+
+        ``cell_errors=True``: a cell that fails with one of :data:`kvroute.errors.CELL_ERRORS` (its
+        press's precondition or scoring, its mask, its decode) is left out — ``result.errors[i]`` holds
+        the reason, ``masks[i]`` and ``outputs[i]`` are None — and every other cell is computed. Errors
+        of the prompt itself (too long, empty, the full-cache decode) still raise.
         """
         cells = list(cells)
-        self.validate(cells)
+        errors: dict[int, str] = {}
+        if not cell_errors:
+            self.validate(cells)
+        for i, c in enumerate(cells if cell_errors else ()):
+            try:
+                self.validate([c])
+            except CELL_ERRORS as e:
+                errors[i] = error_reason(e)
         ctx_ids, q_ids = list(prompt.context_ids), list(prompt.question_ids)
         T = len(ctx_ids)
         total = T + len(q_ids) + max(self.settings.max_new_tokens, len(gold_ids or []))
@@ -116,37 +133,77 @@ class Engine:
             )
         if T == 0:
             raise EngineError("the compressible part of the prompt is empty")
-        requests, cell_key = self._requests(cells)
+        requests, cell_key = self._requests(cells, errors)
+        failed: dict[Hashable, str] = {}  # score request key -> reason (cell_errors only)
         for r in requests:
-            r.scorer.check(T)
-            if r.scorer.needs_evidence and not evidence:
-                raise EngineError(f"{r.scorer.name} needs evidence positions; this prompt has none")
+            try:
+                r.scorer.check(T)
+                if r.scorer.needs_evidence and not evidence:
+                    raise EngineError(f"{r.scorer.name} needs evidence positions; this prompt has none")
+            except CELL_ERRORS as e:
+                if not cell_errors:
+                    raise
+                failed[r.key] = error_reason(e)
+        requests = [r for r in requests if r.key not in failed]
         ev = [p for p in (evidence or []) if 0 <= p < T]
         t0 = time.perf_counter()
-        pre = prefill(self.lm.model, ctx_ids, requests, evidence=ev if ev else None, seed=seed, captures=captures)
+        pre = prefill(self.lm.model, ctx_ids, requests, evidence=ev if ev else None, seed=seed, captures=captures,
+                      errors=failed if cell_errors else None)
         t1 = time.perf_counter()
+        errors.update({i: failed[k] for i, k in cell_key.items() if k in failed})
         L, Hkv = len(pre.keys), pre.keys[0].shape[1]
         full = KeepMask.full(L, Hkv, T, device=pre.keys[0].device)
-        masks = []
+        masks: list[KeepMask | None] = []
         for i, c in enumerate(cells):
-            if i not in cell_key:
+            if i in errors:
+                masks.append(None)
+            elif i not in cell_key:
                 masks.append(KeepMask(full.mask, c.press if c.press != NO_PRESS else NO_PRESS, c.ratio))
             else:
-                masks.append(self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio))
+                try:
+                    masks.append(self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio))
+                except CELL_ERRORS as e:
+                    if not cell_errors:
+                        raise
+                    errors[i] = error_reason(e)
+                    masks.append(None)
         t2 = time.perf_counter()
         # cells whose mask keeps everything (ratio 0, "none") share the full-cache decode
-        todo = [i for i in range(len(cells)) if i in cell_key]
-        with_full = decode_full or len(todo) < len(cells)
+        todo = [i for i in range(len(cells)) if i in cell_key and i not in errors]
+        with_full = decode_full or any(i not in cell_key and i not in errors for i in range(len(cells)))
         lead = [full] if with_full else []
-        outs = decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, lead + [masks[i] for i in todo],
-                            gold_ids=gold_ids, track=track, settings=self.settings)
+        kw: dict[str, Any] = dict(gold_ids=gold_ids, track=track, lens_ids=lens_ids)
+        try:
+            outs = self._decode(pre, q_ids, lead + [m for i in todo if (m := masks[i]) is not None], **kw)
+        except CELL_ERRORS:
+            if not cell_errors:
+                raise
+            outs = self._decode_isolated(pre, q_ids, lead, masks, todo, errors, **kw)
+            todo = [i for i in todo if i not in errors]
         full_out = outs[0] if with_full else None
         by_cell = dict(zip(todo, outs[len(lead):], strict=True))
         t3 = time.perf_counter()
-        outputs = [by_cell[i] if i in by_cell else full_out for i in range(len(cells))]
+        outputs = [None if i in errors else by_cell[i] if i in by_cell else full_out for i in range(len(cells))]
         # cells outside `todo` keep everything, and then the full cache was decoded
-        done = [o for o in outputs if o is not None]
-        if len(done) != len(cells):  # pragma: no cover - internal invariant
+        if sum(o is not None for o in outputs) + len(errors) != len(cells):  # pragma: no cover - internal invariant
             raise EngineError("internal error: a full-cache cell was not decoded")
-        return EngineResult(pre, cells, masks, done, full_out, full,
-                            {"prefill": t1 - t0, "select": t2 - t1, "decode": t3 - t2})
+        return EngineResult(pre, cells, masks, outputs, full_out, full,
+                            {"prefill": t1 - t0, "select": t2 - t1, "decode": t3 - t2}, errors=errors)
+
+    def _decode(self, pre: PrefillResult, q_ids: list[int], masks: list[KeepMask], **kw: Any) -> list[CellOutput]:
+        return decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, masks, settings=self.settings, **kw)
+
+    def _decode_isolated(self, pre: PrefillResult, q_ids: list[int], lead: list[KeepMask],
+                         masks: Sequence[KeepMask | None], todo: Sequence[int], errors: dict[int, str],
+                         **kw: Any) -> list[CellOutput]:
+        """After a batch failed: the full cache alone (its failure is the prompt's), then each cell alone."""
+        outs = self._decode(pre, q_ids, lead, **kw) if lead else []
+        for i in todo:
+            m = masks[i]
+            try:
+                if m is None:  # pragma: no cover - internal invariant
+                    raise EngineError("internal error: a cell to decode has no mask")
+                outs.extend(self._decode(pre, q_ids, [m], **kw))
+            except CELL_ERRORS as e:
+                errors[i] = error_reason(e)
+        return outs

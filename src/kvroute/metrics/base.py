@@ -21,7 +21,10 @@ class MetricSettings:
     """Operational choices of the metric definitions (documented in the README)."""
 
     reach_kappa: float = 5.0  # ε = κ / (number of keys visible to the head): κ× uniform attention
-    route_tau: float = 0.5  # a kept token carries evidence if its rollout share ≥ τ · the best evidence token's
+    route_tau: float = 0.5  # uncalibrated rule: a kept token carries evidence if its share ≥ τ · the best evidence token's
+    route_null: int = 19  # null sources (shifted copies of the evidence pattern) rolled out beside the evidence
+    route_alpha: float = 0.05  # routed_reachable iff the rank-test p-value against the null draws is ≤ this
+    route_null_window: int = 128  # null shifts are drawn within ± this many tokens of the evidence (or wider, to hold 2n)
     n_sink: int = 4  # positions ignored by the *_nosink consensus variants
     partial_f1: float = 0.0  # F1 above this (but not correct) counts as partial
     probe_layer: float = 2 / 3  # depth (fraction of L) whose last-prompt-token state feeds the probe
@@ -39,6 +42,8 @@ class CellContext:
     group_size: int  # G: query heads per KV head
     settings: MetricSettings
     evidence_share: torch.Tensor | None = None  # [L, T] rollout evidence share per layer (routes capture)
+    candidates: Any = None  # kvroute.metrics.representation.LensCandidates: the logit lens's columns (lens capture)
+    null_share: torch.Tensor | None = None  # [L, T, n_null] the same share from each null source (routes capture)
     cache: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -52,7 +57,7 @@ class CellContext:
 class Metric(ABC):
     name: ClassVar[str]
     fields: ClassVar[tuple[str, ...]]
-    needs: ClassVar[frozenset[str]] = frozenset()  # captures: "attention", "hidden", "gold", "routes"
+    needs: ClassVar[frozenset[str]] = frozenset()  # captures: "attention", "hidden", "gold", "routes", "lens"
 
     @abstractmethod
     def compute(self, ctx: CellContext) -> dict[str, Any]: ...

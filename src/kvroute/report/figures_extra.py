@@ -1,4 +1,4 @@
-"""Report figures for kvroute's own additions: the redundancy proposition check."""
+"""Report figures for kvroute's own additions: redundancy, route selection, answer identity, the logit lens."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from kvroute.report.render import color_map, panels, short
+from kvroute.report.render import MAX_PANELS, color_map, panels, short
 
 
 def redundancy_figure(bins: pd.DataFrame | None, fits: pd.DataFrame | None) -> Figure | None:
@@ -58,4 +58,57 @@ def routes_figure(cmp: pd.DataFrame | None) -> Figure | None:
                      fontsize=8)
         ax.set_xlabel("compression ratio α")
         ax.set_ylabel("ΔH = H(routes) − H(other)")
+    return fig
+
+
+def identity_figure(ident: pd.DataFrame | None) -> Figure | None:
+    """Answer-identity probe accuracy per ratio (95% band), its untrained last-layer readout, and chance, per model."""
+    if ident is None or ident.empty or ident["accuracy"].notna().sum() == 0:
+        return None
+    models = sorted(ident["model"].unique())[:MAX_PANELS]
+    colors = color_map(sorted(ident["press"].unique()))
+    fig, axes = panels(len(models), sharey=True)
+    for ax, model in zip(axes, models, strict=False):
+        for (press, _regime), g in ident[ident["model"] == model].groupby(["press", "regime"], sort=True):
+            g = g[g["accuracy"].notna()].sort_values("ratio")
+            if g.empty:
+                continue
+            c = colors[press]
+            ax.fill_between(g["ratio"], g["accuracy_low"], g["accuracy_high"], color=c, alpha=0.15, lw=0)
+            ax.plot(g["ratio"], g["accuracy"], "o-", ms=3, color=c, label=f"probe · {short(press, 28)}")
+            ax.plot(g["ratio"], g["untrained"], "^:", ms=3, color=c, alpha=0.8, label="untrained (last-layer argmax)")
+            ax.plot(g["ratio"], g["chance"], "--", color="#7f7f7f", lw=1)
+        ax.set_title(short(model, 50))
+        ax.set_xlabel("compression ratio α")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("answer identity accuracy (dashed: chance)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Which candidate value is the answer, read from the last prompt token (logit lens)", fontsize=10)
+    return fig
+
+
+def lens_figure(profiles: pd.DataFrame | None) -> Figure | None:
+    """Mean logit-lens log-prob of the gold's first token per layer: full cache against each compressed ratio."""
+    if profiles is None or profiles.empty or profiles["logprob"].notna().sum() == 0:
+        return None
+    models = sorted(profiles["model"].unique())[:MAX_PANELS]
+    fig, axes = panels(len(models))
+    for ax, model in zip(axes, models, strict=False):
+        p = profiles[profiles["model"] == model]
+        ratios = sorted(r for r in p["ratio"].unique() if r > 0)
+        cmap = dict(zip(ratios, np.linspace(0.25, 0.95, len(ratios)), strict=True)) if ratios else {}
+        full = p[p["ratio"] == 0].groupby("layer")["logprob"].mean()
+        if not full.empty:
+            ax.plot(full.index, full.values, "k-", lw=2, label="full cache (α = 0)")
+        for r in ratios:
+            comp = p[p["ratio"] == r].groupby("layer")["logprob"].mean()
+            ax.plot(comp.index, comp.values, "--", color=(cmap[r], 0.2, 1 - cmap[r]),
+                    label=f"α = {r:g} (mean over presses)")
+        ax.set_title(short(model, 50))
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("log p(gold first token), logit lens")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Logit lens of the gold answer's first token at the last prompt token", fontsize=10)
     return fig

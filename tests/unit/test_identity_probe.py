@@ -1,0 +1,232 @@
+"""The answer-identity probe recovers planted truth: a gold signal is found, no signal reads as chance."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvroute.analysis.common import AnalysisError
+from kvroute.analysis.probe import (
+    candidate_features,
+    fit_conditional_logit,
+    identity_by_ratio,
+    identity_probe,
+    lens_profiles,
+)
+
+
+def _planted(n: int = 60, L: int = 12, signal: float = 0.0, layers: slice = slice(6, None), seed: int = 0):
+    """Per instance ``[n_c, L]`` lens log-probs: a large shared (question) effect, noise, and +signal on the gold."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        n_c = int(rng.integers(2, 5))
+        shared = rng.normal(-8, 3, L)  # what the question alone predicts: the same for every candidate
+        x = shared + rng.normal(0, 1, (n_c, L))
+        x[0, layers] += signal  # the gold is entry 0
+        out.append(x)
+    return out
+
+
+def test_a_planted_gold_signal_is_found_well_above_chance():
+    r = identity_probe(_planted(signal=1.5))
+    assert r["chance"] == pytest.approx(np.mean([1 / m.shape[0] for m in _planted(signal=1.5)]))
+    assert 0.3 < r["chance"] < 0.45
+    assert r["accuracy"] > 0.8 and r["accuracy_low"] > r["chance"] + 0.2
+    assert r["accuracy_low"] <= r["accuracy"] <= r["accuracy_high"]
+    assert r["p_value"] < 1e-6
+    assert r["untrained"] > r["chance"] + 0.2  # the signal reaches the last layer
+    assert r["n"] == 60 and r["n_instances"] == 60 and r["folds"] == 5 and r["null_folds"] == 0
+
+
+def test_no_signal_reads_as_chance_and_the_interval_covers_it():
+    r = identity_probe(_planted(signal=0.0, seed=2))
+    assert r["accuracy_low"] <= r["chance"] <= r["accuracy_high"]
+    assert abs(r["accuracy"] - r["chance"]) < 0.15
+    assert r["untrained_low"] <= r["chance"] <= r["untrained_high"]
+    assert r["p_value"] > 0.01
+
+
+def test_intervals_cover_chance_under_the_null_in_most_data_sets():
+    runs = [identity_probe(_planted(n=40, signal=0.0, seed=s), n_boot=400, seed=s) for s in range(40)]
+    covered = [r["accuracy_low"] <= r["chance"] <= r["accuracy_high"] for r in runs]
+    false_alarm = [r["accuracy_low"] > r["chance"] for r in runs]
+    assert np.mean(covered) >= 0.85 and np.mean(false_alarm) <= 0.1
+
+
+def test_signal_only_in_early_layers_is_invisible_to_the_untrained_readout_but_not_to_the_probe():
+    r = identity_probe(_planted(signal=2.0, layers=slice(0, 4), seed=2))
+    assert r["accuracy_low"] > r["chance"] + 0.2
+    assert r["untrained_low"] <= r["chance"] <= r["untrained_high"]
+
+
+def test_identical_candidates_earn_exactly_chance_whatever_the_order():
+    items = [np.tile(np.arange(8.0), (k, 1)) for k in (2, 3, 4, 2, 3, 4, 2, 3, 4, 2)]
+    r = identity_probe(items)
+    assert r["accuracy"] == pytest.approx(r["chance"]) and r["untrained"] == pytest.approx(r["chance"])
+    assert r["null_folds"] == 5
+
+
+def test_the_probe_is_blind_to_what_all_candidates_share():
+    """A shift common to every candidate of an instance (the question's effect) changes nothing."""
+    items = _planted(signal=1.0, seed=3)
+    rng = np.random.default_rng(9)
+    shifted = [m + rng.normal(0, 50, m.shape[1]) for m in items]
+    a, b = identity_probe(items), identity_probe(shifted)
+    assert a["accuracy"] == pytest.approx(b["accuracy"]) and a["untrained"] == pytest.approx(b["untrained"])
+
+
+@pytest.mark.parametrize("nonnegative", [True, False])
+def test_the_conditional_logit_recovers_the_planted_direction(nonnegative):
+    rng = np.random.default_rng(4)
+    w_true = np.array([0.0, 0.0, 2.0, 1.0])
+    feats = []
+    for _ in range(400):
+        x = rng.normal(0, 1, (3, 4))
+        p = np.exp(x @ w_true)
+        p /= p.sum()
+        gold = rng.choice(3, p=p)
+        feats.append(np.vstack([x[gold], np.delete(x, gold, 0)]))
+    w = fit_conditional_logit(feats, l2=0.1, nonnegative=nonnegative)
+    assert np.allclose(w, w_true, atol=0.35)
+
+
+def test_a_gold_the_model_disfavours_is_not_decoded_as_the_answer():
+    """anti_oracle's pattern: the gold's mentions are evicted, the distractors' kept, so the gold is the
+    *least* likely value. The probe reads only "more likely", so it stays at (or below) chance; an
+    unbounded one would learn the inversion and look as if it read the answer."""
+    items = _planted(signal=-2.0, seed=6)
+    r = identity_probe(items)
+    assert r["accuracy"] < r["chance"] + 0.05 and r["accuracy_low"] < r["chance"] and r["untrained"] < r["chance"]
+    assert identity_probe(items, nonnegative=False)["accuracy_low"] > r["chance"] + 0.2
+
+
+def test_candidate_features_bin_the_depth_and_centre_over_candidates():
+    m = np.arange(12.0).reshape(2, 6)
+    f = candidate_features(m, bins=3)
+    assert f.shape == (2, 3)
+    assert np.allclose(f, [[-3, -3, -3], [3, 3, 3]])
+    assert candidate_features(m, bins=10).shape == (2, 6)
+
+
+def test_unusable_input_is_refused_clearly():
+    with pytest.raises(AnalysisError, match="no items"):
+        identity_probe([])
+    with pytest.raises(AnalysisError, match="n_candidates ≥ 2"):
+        identity_probe([np.zeros((1, 4))] * 10)
+    with pytest.raises(AnalysisError, match="too few instances"):
+        identity_probe(_planted(n=4))
+    with pytest.raises(AnalysisError, match="NaN"):
+        identity_probe([np.full((2, 3), np.nan)] * 10)
+    with pytest.raises(AnalysisError, match="layer counts"):
+        identity_probe([np.zeros((2, 3))] * 5 + [np.zeros((2, 4))] * 5)
+
+
+def test_folds_never_split_an_instance():
+    """Two rows per instance (two seeds): the second copy of an instance never trains its own test fold."""
+    items = _planted(n=30, signal=0.0, seed=5)
+    # a lookup-table leak: each instance's copy is identical, so a fold that trained on it could memorise
+    r = identity_probe(items + items, groups=list(range(30)) * 2)
+    assert r["n"] == 60 and r["n_instances"] == 30
+    assert r["accuracy_low"] <= r["chance"] <= r["accuracy_high"]
+
+
+def _records(signal_by_ratio: dict[float, float], n: int = 48, seed: int = 0) -> pd.DataFrame:
+    rows = []
+    for ratio, signal in signal_by_ratio.items():
+        for i, m in enumerate(_planted(n=n, signal=signal, seed=seed + int(ratio * 100))):
+            rows.append({"model": "m", "press": "none" if ratio == 0 else "p", "regime": "agnostic", "ratio": ratio,
+                         "instance_id": f"i{i}", "unanswerable": False, "exact": float(signal > 0),
+                         "lens_candidates": m.tolist(), "lens_candidates_dropped": 0,
+                         "lens_gold_logprob": m[0].tolist(), "lens_gold_rank": [0.0] * 6 + [5.0] * 6,
+                         "lens_gold_logprob_final": float(m[0, -1]), "lens_gold_rank_final": 5})
+    last = rows[-1]  # one unanswerable item and one whose distractors all shared the gold's first token
+    rows.append({**last, "instance_id": "u", "unanswerable": True})
+    rows.append({**last, "instance_id": "one", "lens_candidates": [last["lens_candidates"][0]],
+                 "lens_candidates_dropped": 2})
+    return pd.DataFrame(rows)
+
+
+def test_identity_by_ratio_separates_usable_from_destroyed_evidence_and_counts_exclusions():
+    out = identity_by_ratio(_records({0.0: 1.5, 0.9: 0.0}), n_boot=300).set_index("ratio")
+    assert set(out.index) == {0.0, 0.9} and (out["press"] == "p").all()  # the baseline starts the press's curve
+    base, gone = out.loc[0.0], out.loc[0.9]
+    assert base.accuracy_low > base.chance + 0.2
+    assert gone.accuracy_low <= gone.chance <= gone.accuracy_high
+    assert base.n == 48 and base.n_excluded_unanswerable == 0 and base.exact == pytest.approx(1.0)
+    assert gone.n == 48 and gone.n_excluded_unanswerable == 1 and gone.n_excluded_no_distractor == 1
+    assert gone.n_candidates_dropped == 2 and base.lens_top1 == 0.0
+    assert 2 <= base.mean_candidates <= 4 and base.note == ""
+    assert identity_by_ratio(_records({0.0: 1.0}).drop(columns="lens_candidates")).empty
+
+
+def test_identity_by_ratio_notes_a_group_it_cannot_probe():
+    df = _records({0.5: 1.0}, n=3)
+    row = identity_by_ratio(df).iloc[0]
+    assert np.isnan(row.accuracy) and "too few instances" in row.note
+
+
+def test_identity_by_ratio_reads_json_text_from_csv_exports():
+    df = _records({0.5: 1.5})
+    a = identity_by_ratio(df, n_boot=200).iloc[0]
+    df["lens_candidates"] = [None if v is None else __import__("json").dumps(v) for v in df["lens_candidates"]]
+    b = identity_by_ratio(df, n_boot=200).iloc[0]
+    assert a.accuracy == b.accuracy and a.n == b.n
+
+
+def test_lens_profiles_average_per_layer():
+    prof = lens_profiles(_records({0.5: 1.0}, n=10))
+    assert list(prof["layer"]) == list(range(1, 13))
+    assert (prof.loc[prof.layer <= 6, "top1"] == 1).all() and (prof.loc[prof.layer > 6, "top1"] == 0).all()
+    assert prof["n"].iloc[0] == 12
+
+
+# ---- candidate values and their first in-context tokens ----------------------------------------------
+
+class _WordTokenizer:
+    """Word-level stand-in: one id per whitespace-separated word, ids assigned on first sight."""
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [self.vocab.setdefault(w, len(self.vocab)) for w in text.split()]}
+
+
+@dataclass
+class _Prompt:
+    question_text: str
+    question_ids: list[int]
+
+
+@dataclass
+class _Instance:
+    answers: tuple[str, ...]
+    distractors: tuple[str, ...]
+    unanswerable: bool = False
+
+
+def test_candidates_are_the_gold_then_distinguishable_distractors():
+    from kvroute.metrics.representation import answer_candidates, in_context_ids
+
+    tok = _WordTokenizer()
+    q = "Which event did she attend? Answer:"
+    prompt = _Prompt(q, tok(q)["input_ids"])
+    inst = _Instance(("Salt Race",), ("Salt Regatta", "Driftwood Parade", "salt race", "Driftwood Fair"))
+    c = answer_candidates(tok, prompt, inst)
+    assert c.texts == ("Salt Race", "Driftwood Parade")  # "salt race" is the gold, normalised
+    assert c.dropped == ("Salt Regatta", "Driftwood Fair")  # first tokens taken by the gold / "Driftwood Parade"
+    assert c.ids == (tok.vocab["Salt"], tok.vocab["Driftwood"])
+    assert in_context_ids(tok, prompt, "Salt Race") == [tok.vocab["Salt"], tok.vocab["Race"]]
+    assert answer_candidates(tok, prompt, inst, gold_ids=[99, 100]).ids[0] == 99
+    unans = answer_candidates(tok, prompt, _Instance(("I don't know",), ("Salt Race",), unanswerable=True))
+    assert unans.texts == ("I don't know", "Salt Race")
+
+
+def test_identity_credit_splits_ties():
+    from kvroute.metrics.representation import identity_credit
+
+    assert identity_credit([1.0, 0.0, 0.5]) == 1.0
+    assert identity_credit([0.0, 1.0]) == 0.0
+    assert identity_credit([1.0, 1.0, 0.0]) == 0.5
