@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kvroute.progress import SILENT, Progress
 
 log = logging.getLogger(__name__)
@@ -132,21 +130,26 @@ def findings(summary: dict[str, Any], seconds: float, sweep_seconds: float | Non
 
 
 def _consensus_shapes(summary: dict[str, Any]) -> list[str]:
-    """Where each model's heads agree: mean Consensus(ℓ) over the first and last third of layers (full cache)."""
-    rows = summary.get("consensus_profiles") or []
+    """Where each model's heads agree at the full cache, from the summary's ``consensus_trend`` table:
+    the sink-free per-head consensus over the first and last third of layers with its trend label, and
+    the GQA-aware (KV group) one, which is the value to compare across models."""
+    from kvroute.analysis.curves import CONSENSUS_COL, CONSENSUS_GROUP_COL, TREND_MEANING
+
+    picked: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in summary.get("consensus_trend") or []:
+        if float(r.get("ratio", 1)) == 0.0 and r.get("trend") is not None:
+            picked.setdefault(r["model"], {}).setdefault(r["measure"], r)  # the baseline: the same for every press
     out = []
-    by_model: dict[str, dict[int, float]] = {}
-    for r in rows:
-        if float(r.get("ratio", 1)) == 0.0 and r.get("value") is not None:
-            by_model.setdefault(r["model"], {})[int(r["layer"])] = float(r["value"])
-    for model, prof in sorted(by_model.items()):
-        layers = sorted(prof)
-        k = max(1, len(layers) // 3)
-        early = float(np.mean([prof[i] for i in layers[:k]]))
-        late = float(np.mean([prof[i] for i in layers[-k:]]))
-        shape = ("heads agree early and diversify late" if early < late else "heads converge late (funnel)"
-                 if late < early else "flat")
-        out.append(f"{model}: consensus {early:.2f} in the first third of layers, {late:.2f} in the last — {shape}")
+    for model, by in sorted(picked.items()):
+        head, group = by.get(CONSENSUS_COL), by.get(CONSENSUS_GROUP_COL)
+        if head is None:
+            continue
+        line = (f"{model}: sink-free consensus {head['early']:.2f} in the first third of layers, {head['late']:.2f} "
+                f"in the last — {TREND_MEANING[head['trend']]}")
+        if group is not None:
+            line += (f"; over KV groups (the cross-model comparison) {group['early']:.2f} → {group['late']:.2f}, "
+                     f"{group['trend']}")
+        out.append(line)
     return out
 
 

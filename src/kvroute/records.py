@@ -40,13 +40,24 @@ PRESS_FIELDS: dict[str, str] = {
     "kept_fraction": "realised fraction of context entries kept, over all (layer, KV head)",
 }
 
+# Whether the cell ran ------------------------------------------------------------------------------
+# An errored cell keeps its key, press and task fields but has no metric or per-layer field; the
+# store counts it as finished (a resume does not recompute it), the analysis leaves it out of every
+# estimate and the summary counts it per (model, press, error).
+STATUS_FIELDS: dict[str, str] = {
+    "status": "'ok' (the metrics below were computed) or 'error' (they were not; see error)",
+    "error": "why an errored cell failed, one line: 'ExceptionType: message' (absent when status is 'ok')",
+}
+
 # Scalar metrics ------------------------------------------------------------------------------------
 METRIC_FIELDS: dict[str, str] = {
     "answer": "greedy answer text",
     "f1": "SQuAD-normalised token F1 against the gold answers",
     "exact": "SQuAD-normalised exact match (0/1)",
-    "outcome": "correct | partial | abstained | distractor | fabricated",
-    "hallucinated": "bool: outcome in (distractor, fabricated), or a non-abstention on an unanswerable item",
+    "outcome": "correct | distractor | abstained | partial | fabricated (decided in this order; "
+               "see kvroute.metrics.hallucination)",
+    "hallucinated": "bool: outcome in (distractor, fabricated); on an unanswerable item, any answer other than "
+                    "an abstention that names no candidate value",
     "ger": "Global Eviction Ratio on answer tokens: share of (layer, t in T_ans) evicted from every KV head",
     "ger_all_layers": "share of t in T_ans evicted from every head of every layer",
     "ger_evidence": "GER on evidence tokens T_ev",
@@ -57,19 +68,64 @@ METRIC_FIELDS: dict[str, str] = {
     "evidence_attention_mass": "attention mass from the last prompt token onto T_ev, mean over layers and query heads",
     "evidence_attention_mass_full": "the same with the full (uncompressed) cache",
     "reachable": "bool: direct reachability (some layer/head keeps an evidence token with attention > ε)",
-    "routed_reachable": "bool: reachability through the prefill's context-to-context attention over survivors",
+    "routed_reachable": "bool (calibrated): the evidence content the last prompt token reads through the surviving "
+                        "entries (rollout over the prefill) beats every null draw, rank-test p ≤ route_alpha; "
+                        "None when the context has too few null positions",
+    "routed_evidence_mass": "uncalibrated routed statistic: Σ_t attention(last prompt token → kept t) · rollout "
+                            "evidence share of t, mean over layers and query heads",
+    "routed_null_mass": "mean of the same statistic over the null sources (shifted copies of the evidence pattern)",
+    "routed_null_q95": "95th percentile of the null statistic",
+    "routed_z": "calibrated score (routed_evidence_mass − null mean) / null sd",
+    "routed_p": "rank-test p-value (1 + #null ≥ evidence) / (1 + null draws)",
+    "routed_null_draws": "number of null sources the context allowed (route_null when it has room)",
+    "routed_reachable_uncalibrated": "bool: former rule — some head attends above ε a kept token whose rollout share "
+                                     "is ≥ τ · the best evidence token's; true almost everywhere (rollout diffuses)",
     "gold_logprob": "teacher-forced log-probability of the gold answer",
     "gold_logprob_delta": "gold_logprob compressed minus full",
+    "probe_features": "CONTROL (reads the question): last-prompt-token hidden state at probe_layer, the answer-type "
+                      "probe's input; the type follows from the never-compressed question, so it cannot see evidence loss",
+    "probe_layer": "layer (1 … L) whose hidden state is probe_features",
+    "lens_gold_logprob_final": "logit lens at the last prompt token, last layer: log p of the gold answer's first "
+                               "in-context token (= the model's own next-token log-prob)",
+    "lens_gold_rank_final": "rank of the gold's first token in the model's next-token distribution (0 = top-1)",
+    "lens_gold_logprob_delta": "lens_gold_logprob_final compressed minus full",
+    "lens_top1_layer": "first layer (1 … L) where the logit lens ranks the gold's first token top-1, else null",
+    "lens_candidates": "[n_candidates][L] logit-lens log-prob of each candidate value's first in-context token per "
+                       "layer, the gold first, then the instance's distractors (answer-identity probe input)",
+    "lens_n_candidates": "number of candidates in lens_candidates (gold + distinguishable distractors)",
+    "lens_candidates_dropped": "distractors left out because their first token equals a kept candidate's",
+    "lens_identity_top1": "untrained identity readout: the gold's first token beats every distractor's at the last "
+                          "layer (1, 1/k on a k-way tie, else 0); null with fewer than 2 candidates",
+    "consensus_nosink_mean": "mean over layers of consensus_nosink",
+    "rho_nosink_mean": "mean over layers of rho_nosink",
 }
 
 # Per-layer vectors (length L) -----------------------------------------------------------------------
 LAYER_FIELDS: dict[str, str] = {
-    "consensus": "Consensus(ℓ) at the last prompt token = distinct argmax keys / query heads",
-    "consensus_nosink": "Consensus(ℓ) ignoring the first n_sink positions",
-    "rho": "agreement fraction ρ_ℓ = largest share of heads sharing one argmax key",
-    "rho_nosink": "ρ_ℓ ignoring the first n_sink positions",
+    "consensus_nosink": "Consensus(ℓ) at the last prompt token = distinct argmax keys / query heads, argmax over "
+                        "the keys after the first n_sink (attention-sink) positions; the default every analysis reads",
+    "rho_nosink": "agreement fraction ρ_ℓ = largest share of query heads sharing one argmax key, sinks excluded",
+    "consensus_group_nosink": "GQA-aware Consensus(ℓ): each KV group's head-averaged attention, its argmax after the "
+                              "first n_sink positions; distinct argmaxes / KV groups (equals consensus_nosink at one "
+                              "query head per group; the value comparable across models with different group sizes)",
+    "rho_group_nosink": "GQA-aware ρ_ℓ: largest share of KV groups sharing one argmax key, sinks excluded",
+    "consensus_withsink": "Consensus(ℓ) with argmax over every key, attention sinks included (reference only)",
+    "rho_withsink": "ρ_ℓ with argmax over every key, attention sinks included (reference only)",
     "evidence_mass_layer": "attention mass onto T_ev from the last prompt token per layer (mean over heads)",
     "hidden_cosine": "cosine of compressed vs full last-prompt-token hidden state per layer",
+    "lens_gold_logprob": "logit lens per layer ℓ = 1 … L at the last prompt token: log-softmax of unembed(final_norm(h_ℓ)) "
+                         "at the gold answer's first in-context token (last layer: the model's logits)",
+    "lens_gold_rank": "rank of the gold's first token under the logit lens per layer (0 = top-1)",
 }
 
-ALL_FIELDS: dict[str, str] = {**KEY_FIELDS, **TASK_FIELDS, **PRESS_FIELDS, **METRIC_FIELDS, **LAYER_FIELDS}
+#: fields renamed since earlier stores: old name -> new name (the analysis loader maps them). The old
+#: ``consensus``/``rho`` were the with-sink vectors; the old ``*_mean`` were already sink-free.
+RENAMED_FIELDS: dict[str, str] = {
+    "consensus": "consensus_withsink",
+    "rho": "rho_withsink",
+    "consensus_mean": "consensus_nosink_mean",
+    "rho_mean": "rho_nosink_mean",
+}
+
+ALL_FIELDS: dict[str, str] = {**KEY_FIELDS, **TASK_FIELDS, **PRESS_FIELDS, **STATUS_FIELDS, **METRIC_FIELDS,
+                               **LAYER_FIELDS}

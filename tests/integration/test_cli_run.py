@@ -28,11 +28,12 @@ def test_run_writes_one_record_per_cell_with_the_required_fields(tiny_folder, tm
     assert len(recs) == 2 * 2 * 2
     required = {"id", "press", "ratio", "answer", "kept_fraction", "ger", "ger_all_layers", "eviction_rate",
                 "evidence_attention_mass", "reachable", "f1", "exact", "outcome", "gold_logprob_delta",
-                "consensus", "rho", "evidence_mass_layer", "hidden_cosine"}
+                "consensus_nosink", "rho_nosink", "consensus_group_nosink", "rho_group_nosink",
+                "consensus_withsink", "rho_withsink", "evidence_mass_layer", "hidden_cosine"}
     for r in recs:
         assert required <= set(r), required - set(r)
         assert set(KEY_FIELDS) - {"settings"} <= set(r)
-        assert len(r["consensus"]) == 3 and len(r["hidden_cosine"]) == 3
+        assert len(r["consensus_nosink"]) == 3 and len(r["consensus_group_nosink"]) == 3 and len(r["hidden_cosine"]) == 3
         assert abs(r["kept_fraction"] - (1 - r["ratio"])) < 0.05
     missing = set(METRIC_FIELDS) - set(recs[0])
     assert not missing, missing

@@ -57,5 +57,6 @@ def test_ratio_zero_equals_the_uncompressed_cache(setup):
             assert math.isclose(rec["evidence_attention_mass"], rec["evidence_attention_mass_full"], abs_tol=1e-6)
             assert rec["gold_logprob_delta"] == pytest.approx(0, abs=1e-5)
             assert min(rec["hidden_cosine"]) == pytest.approx(1, abs=1e-5)
-            assert rec["consensus"] == full["consensus"] and rec["rho"] == full["rho"]
+            for c in ("consensus_nosink", "rho_nosink", "consensus_group_nosink", "consensus_withsink"):
+                assert rec[c] == full[c], c
             assert rec["outcome"] == full["outcome"] and rec["f1"] == full["f1"]

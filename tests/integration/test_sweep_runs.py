@@ -2,6 +2,7 @@
 the run lock, bad input refused before any model loads, the CLI's summary and export."""
 
 import json
+import math
 import shutil
 import signal
 import sqlite3
@@ -67,6 +68,23 @@ def comparable(run_dir):
     return {r["key"]: {k: v for k, v in r.items() if not k.startswith("seconds_")} for r in recs}
 
 
+def assert_same_records(a, b, *, rel):
+    """Same keys, same fields, equal values; floats (also inside lists) equal to ``rel``, NaN equal to NaN."""
+    assert a.keys() == b.keys()
+
+    def same(x, y):
+        if isinstance(x, float) and isinstance(y, float):
+            return (math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=rel, abs=1e-6)
+        if isinstance(x, list) and isinstance(y, list):
+            return len(x) == len(y) and all(same(u, v) for u, v in zip(x, y, strict=True))
+        return x == y
+
+    for key in a:
+        assert a[key].keys() == b[key].keys(), key
+        bad = [f for f in a[key] if not same(a[key][f], b[key][f])]
+        assert not bad, f"{key}: {[(f, a[key][f], b[key][f]) for f in bad][:3]}"
+
+
 def count(run_dir):
     try:
         con = sqlite3.connect(f"file:{run_dir / STORE_NAME}?mode=ro", uri=True)
@@ -122,7 +140,8 @@ def test_ray_backend_gives_the_local_records(folder, config_path, uninterrupted)
     finally:
         ray.shutdown()
     assert out.computed == TOTAL
-    assert comparable(folder / "ray") == comparable(uninterrupted)
+    # Ray's workers run torch with their own thread count, so float reductions may differ in the last bits
+    assert_same_records(comparable(folder / "ray"), comparable(uninterrupted), rel=1e-5)
     assert read_manifest(folder / "ray")["backend"] == "ray"
 
 

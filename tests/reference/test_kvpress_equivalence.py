@@ -74,9 +74,10 @@ def test_adakv_selects_exactly_what_kvpress_selects(arch):
     c, q, cells, res = _run(lm, presses)
     for cell, out, mask in zip(cells, res.outputs, res.masks, strict=True):
         assert torch.equal(mask.mask, _kvpress_adakv_masks(lm, c, cell.press, cell.ratio)), cell
-        assert out.text == kvpress_answer(lm, CONTEXT, QUESTION, cell.press, cell.ratio, max_new_tokens=8), cell
         # kvpress applies AdaKV's masks by overwriting evicted keys with a "fake key" whose logit is only
         # pushed below zero (on the tiny Llama it reaches about -3.5), so its attention leaks onto evicted
-        # entries. kvroute masks exactly; its logits equal the independent exact-mask reference.
+        # entries. kvroute masks exactly; its logits equal the independent exact-mask reference. kvpress's
+        # generated text is therefore no reference here: on a random tiny model, whose next-token logits are
+        # nearly tied, the leak alone can flip the first token (it does on the tiny Llama at ratio 0.9).
         ref = masked_reference_logits(lm, c, q, mask.mask)
         torch.testing.assert_close(out.logits[0], ref[-1], atol=1e-4, rtol=0)

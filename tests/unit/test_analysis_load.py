@@ -11,7 +11,7 @@ from kvroute.analysis.load import load_manifest, load_records
 from kvroute.analysis.synthetic import SyntheticSpec, synthetic_records
 from kvroute.errors import StoreError
 
-VECTORS = ("consensus", "rho", "probe_features")
+VECTORS = ("consensus_nosink", "rho_nosink", "probe_features")
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,12 @@ def test_summary_is_plain_json_with_headlines(records):
     for h in s["headline"]:
         assert h["family"] == "all" and h["cliff_status"].startswith("ok")
         assert 0.7 < h["alpha_star"] < 0.95 and h["alpha_star_ci"][0] <= h["alpha_star"] <= h["alpha_star_ci"][1]
-        assert h["ger_pearson_r"] > 0.9 and h["p_h_given_evicted"] > h["p_h_given_retained"]
+        assert h["ger_pearson_r"] > 0.9 and h["p_h_given_evicted"] > h["p_h_given_retained"]  # pooled, for comparison
+        # the headline GER reading is within ratio (the synthetic GER is higher in hallucinated cells at every ratio)
+        assert h["ger_within_verdict"] == "raises H" and h["ger_or_per_tenth_ci"][0] > 1
+        assert h["ger_risk_difference_ci"][0] > 0 and h["ger_within_n_strata"] >= 2 and h["ger_within_n_cells"] > 0
         assert h["safe_ratio"] < h["alpha_star"]
-        assert h["probe_f1_baseline"] > h["probe_f1_at_safe_ratio"] or h["safe_ratio"] == 0
+        assert h["control_type_probe_f1_baseline"] > h["control_type_probe_f1_at_safe_ratio"] or h["safe_ratio"] == 0
     # the qwen-like model's failures mostly keep the answer somewhere; the llama-like model's are erased
     by_model = {h["model"]: h for h in s["headline"]}
     assert 0.9 in by_model["llama-like"]["erasure_dominated_ratios"]
@@ -41,14 +44,45 @@ def test_summary_is_plain_json_with_headlines(records):
 
 
 def test_missing_columns_skip_sections_with_a_note(records):
-    slim = records[records.family != "long_context"].drop(columns=["consensus", "rho", "consensus_nosink",
-                                                                     "probe_features", "ger_all_layers"])
+    consensus = [c for c in records.columns if c.startswith(("consensus", "rho"))]
+    slim = records[records.family != "long_context"].drop(columns=[*consensus, "probe_features", "ger_all_layers"])
     a = run_analysis(slim, AnalysisConfig(n_boot=50))
     notes = a.summary["notes"]
     assert "long_context" in notes["context_length"]
     assert "ger_all_layers" in notes["decomposition"] and "probe_features" in notes["probe"]
-    assert "consensus_profiles" in notes and "cliffs" in a.tables
+    assert "consensus_nosink_profiles" in notes and "consensus_trend" in notes and "cliffs" in a.tables
     assert a.summary["headline"][0]["p_h_given_evicted"] is None
+
+
+def test_consensus_headline_is_sink_free_even_when_the_with_sink_profile_inverts(records):
+    """The issue's SmolLM2 case: with sinks the profile falls (a 'funnel'), without them it rises."""
+    df = records[records.family == "base"].copy()
+    llama = (df.model == "llama-like").to_numpy()
+    # the with-sink vector of the llama-like model falls with depth although its sink-free one rises
+    df.loc[llama, "consensus_withsink"] = pd.Series([[0.45 - 0.14 * i / 15 for i in range(16)]] * llama.sum(),
+                                                    index=df.index[llama])
+    a = run_analysis(df, AnalysisConfig(n_boot=100))
+    by_model = {h["model"]: h for h in a.summary["headline"]}
+    assert by_model["llama-like"]["consensus_trend"] == "diversifying"  # the planted llama profile
+    assert by_model["qwen-like"]["consensus_trend"] == "funnel"
+    assert by_model["llama-like"]["consensus_early"] < by_model["llama-like"]["consensus_late"]
+    for h in by_model.values():  # the GQA-aware trend is stated beside it
+        assert h["consensus_group_trend"] == h["consensus_trend"]
+        lo, hi = h["consensus_change_ci"]
+        assert lo <= h["consensus_late"] - h["consensus_early"] <= hi
+    trend = a.tables["consensus_trend"]
+    withsink = trend[(trend.measure == "consensus_withsink") & (trend.model == "llama-like") & (trend.ratio == 0)]
+    assert set(withsink.trend) == {"funnel"}  # kept as a labelled reference, never the headline
+    for t in ("consensus_nosink_profiles", "consensus_group_nosink_profiles", "consensus_withsink_profiles"):
+        assert {"low", "high"} <= set(a.tables[t].columns), t
+    assert a.tables["rigidity"].filter(like="consensus_nosink").shape[1] > 0
+
+
+def test_old_consensus_names_still_analyse(records):
+    old = records[records.family == "base"].rename(columns={"consensus_withsink": "consensus", "rho_withsink": "rho"})
+    a = run_analysis(old, AnalysisConfig(n_boot=50))
+    assert "consensus_withsink_profiles" in a.tables and "consensus_profiles" not in a.tables
+    assert a.summary["headline"][0]["consensus_trend"] is not None
 
 
 def test_settings_are_validated():

@@ -7,7 +7,7 @@ import torch
 
 from kvroute.metrics.accessibility import Accessibility, EvidenceRollout, RoutedReachability
 from kvroute.metrics.base import CellContext, MetricSettings
-from kvroute.metrics.consensus import consensus_and_rho
+from kvroute.metrics.consensus import Consensus, consensus_and_rho, group_consensus_and_rho
 from kvroute.metrics.hallucination import classify
 from kvroute.metrics.representation import hidden_cosine
 from kvroute.metrics.retention import eviction_rate, ger, ger_all_layers, ger_per_layer, heads_retaining
@@ -51,6 +51,47 @@ def test_consensus_all_heads_distinct_and_sink_handling():
     assert cons_ns == [1.0] and rho_ns == [0.25]
 
 
+def test_group_consensus_averages_each_kv_group_before_the_argmax():
+    # 2 layers, 2 KV groups of 3 query heads; keys 0-3 are sinks
+    a = torch.full((2, 6, 12), 0.01)
+    a[:, :, 0] = 0.6  # every head's raw argmax is the sink
+    for h in range(6):
+        a[:, h, 4 + h] = 0.2  # each head its own non-sink key: per-head sink-free consensus 6/6
+    a[0, 0:3, 10] = 0.15  # layer 0: group 0's heads share key 10 (mean 0.15 + 0.2/3 beats any single key's 0.2/3)
+    a[0, 3:6, 11] = 0.15  # group 1 shares key 11: 2 distinct over 2 groups
+    a[1, :, 10] = 0.15  # layer 1: both groups share key 10
+    assert consensus_and_rho(a, skip=4) == ([1.0, 1.0], [pytest.approx(1 / 6), pytest.approx(1 / 6)])
+    assert group_consensus_and_rho(a, 3, skip=4) == ([1.0, 0.5], [0.5, 1.0])
+    assert group_consensus_and_rho(a, 3) == ([0.5, 0.5], [1.0, 1.0])  # with sinks both groups pick key 0
+    assert group_consensus_and_rho(a, 1, skip=4) == consensus_and_rho(a, skip=4)  # G = 1 is the per-head value
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_consensus_and_rho(a, 4)
+
+
+def test_consensus_metric_names_its_variants_and_defaults_to_sink_free():
+    a = torch.full((1, 4, 10), 0.01)
+    a[0, :, 0] = 0.5  # the sink
+    for h in range(4):
+        a[0, h, 4 + h] = 0.3 + 0.01 * h  # no ties inside a KV group
+    ctx = CellContext(instance=None, prompt=_Prompt(10, [], []), mask=None, output=_Out(a), full=_Out(a),
+                      group_size=2, settings=MetricSettings(n_sink=4))
+    out = Consensus().compute(ctx)
+    assert set(out) == set(Consensus.fields)
+    assert not {"consensus", "rho", "consensus_mean", "rho_mean"} & set(out)  # no name that hides the sinks
+    assert out["consensus_nosink"] == [1.0] and out["rho_nosink"] == [0.25]
+    assert out["consensus_withsink"] == [0.25] and out["rho_withsink"] == [1.0]
+    assert out["consensus_group_nosink"] == [1.0] and out["rho_group_nosink"] == [0.5]
+    assert out["consensus_nosink_mean"] == 1.0 and out["rho_nosink_mean"] == 0.25
+
+
+def test_consensus_is_undefined_when_only_sinks_are_visible():
+    a = torch.rand(2, 4, 3)
+    cons, rho = consensus_and_rho(a, skip=4)
+    assert len(cons) == 2 and all(c != c for c in cons + rho)  # NaN, not an argmax over nothing
+    cg, _ = group_consensus_and_rho(a, 2, skip=4)
+    assert all(c != c for c in cg)
+
+
 def test_hidden_cosine_skips_embeddings():
     h = torch.randn(4, 8)
     f = h.clone()
@@ -72,9 +113,36 @@ def test_hidden_cosine_skips_embeddings():
     ("Tobin Hale", ["I don't know"], ["Tobin Hale", "Maren"], True, "distractor"),
     ("Bartholomew", ["I don't know"], ["Tobin Hale"], True, "fabricated"),
     ("", ["Velkirra"], [], False, "fabricated"),
+    # a wrong binding that shares a word with the gold is a distractor, never partial (issue 14)
+    ("Frostfield League", ["Cobaltwick League"], ["Frostfield League", "Ashgrove Guild"], False, "distractor"),
+    ("It was the Frostfield League.", ["Cobaltwick League"], ["Frostfield League"], False, "distractor"),
+    ("7 September 1904", ["12 September 1953"], ["7 September 1904"], False, "distractor"),
+    # hedging words do not turn a correct answer into an abstention
+    ("The text does not say exactly, but it is Pellmarsh", ["Pellmarsh"], ["Dunmarrow"], False, "correct"),
+    ("I'm not sure, but I think it is Velkirra.", ["Velkirra"], ["Dunmarrow"], False, "correct"),
+    # an abstention that names a candidate value is not a clean abstention: a (hedged) wrong binding
+    ("I don't know, maybe Dunmarrow", ["Velkirra"], ["Dunmarrow"], False, "distractor"),
+    ("Not sure, perhaps Tobin Hale", ["I don't know"], ["Tobin Hale"], True, "distractor"),
+    # sharing a word with the gold but naming no candidate value: partial; an abstention without one: abstained
+    ("Cobaltwick", ["Cobaltwick League"], ["Frostfield League"], False, "partial"),
+    ("I don't know which league", ["Cobaltwick League"], ["Frostfield League"], False, "abstained"),
 ])
 def test_taxonomy_table(answer, golds, distractors, unans, expected):
     assert classify(answer, golds, distractors, unanswerable=unans) == expected
+
+
+@pytest.mark.parametrize("answer,golds,distractors,unans", [
+    ("Frostfield League", ["Cobaltwick League"], ["Frostfield League"], False),
+    ("7 September 1904", ["12 September 1953"], ["7 September 1904"], False),
+    ("Zabriskville", ["Velkirra"], [], False),
+    ("Tobin Hale", ["I don't know"], ["Tobin Hale"], True),
+    ("Bartholomew", ["I don't know"], [], True),
+    ("I don't know, maybe Tobin Hale", ["I don't know"], ["Tobin Hale"], True),
+])
+def test_wrong_bindings_and_non_abstentions_on_unanswerable_items_are_hallucinations(answer, golds, distractors, unans):
+    from kvroute.metrics.hallucination import HALLUCINATIONS
+
+    assert classify(answer, golds, distractors, unanswerable=unans) in HALLUCINATIONS
 
 
 @dataclass
@@ -127,11 +195,13 @@ def test_routed_reachability_through_a_token_that_copied_the_evidence():
     share = torch.zeros(L, T)
     share[0, 2:4] = 1.0
     full = attn.clone()
-    assert RoutedReachability().compute(_ctx(mask, attn, full, share))["routed_reachable"] is False
+    assert RoutedReachability().compute(_ctx(mask, attn, full, share))["routed_reachable_uncalibrated"] is False
     share[0, 5] = 0.8  # ... which carries evidence content copied during the prefill
     out = RoutedReachability().compute(_ctx(mask, attn, full, share))
-    assert out["routed_reachable"] is True
+    assert out["routed_reachable_uncalibrated"] is True
     assert out["routed_evidence_mass"] == pytest.approx(0.9 * 0.8)
+    # without null sources the calibrated verdict is undecided, never the raw rule's
+    assert out["routed_reachable"] is None and out["routed_null_draws"] == 0
 
 
 def test_rollout_on_a_hand_built_attention_layer():
@@ -151,5 +221,5 @@ def test_rollout_on_a_hand_built_attention_layer():
     roll.on_layer(0, Attn(), torch.zeros(1, T, 2), keys, keys, {"position_embeddings": (cos, sin)})
     # zero queries -> uniform causal attention: row i averages r over 0..i
     expected = 0.5 * torch.tensor([1.0, 0, 0, 0]) + 0.5 * torch.tensor([1.0, 1 / 2, 1 / 3, 1 / 4])
-    torch.testing.assert_close(roll.r, expected)
+    torch.testing.assert_close(roll.r[:, 0], expected)  # r: [T, 1 + n_null], column 0 the evidence
     assert roll.shares().shape == (1, T)

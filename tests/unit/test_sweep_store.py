@@ -23,7 +23,7 @@ def rec(key, **over):
     r = {"key": key, "model": "m", "instance_id": "i" + key, "press": "knorm", "ratio": 0.5, "regime": "agnostic",
          "seed": 0, "settings": "s", "unanswerable": False, "context_tokens": 140, "difficulty": None,
          "gold": ["oak inkwell", "inkwell"], "f1": 0.25, "hallucinated": True, "ger": 0.1 + 0.2,
-         "consensus": [0.75, 1.0, 0.5], "hidden_cosine": [0.1, 0.2, 1 / 3], "probe_features": [float(x) for x in
+         "consensus_nosink": [0.75, 1.0, 0.5], "hidden_cosine": [0.1, 0.2, 1 / 3], "probe_features": [float(x) for x in
                                                                                                   range(8)],
          "answer": "Velkirra ünïcode", "meta": {"a": 1}}
     r.update(over)
@@ -32,17 +32,17 @@ def rec(key, **over):
 
 def test_records_round_trip_exactly(tmp_path):
     rows = [rec("a"), rec("b", ratio=0.0, press="none", hallucinated=False, difficulty=2, f1=float("nan"),
-                          consensus=[float("nan"), 1.0], gold=[])]
+                          consensus_nosink=[float("nan"), 1.0], gold=[])]
     with Store.open(tmp_path) as s:
         assert s.write(rows) == 2
         back = s.records()
     a, b = back
     assert a == rows[0]
-    assert isinstance(a["hallucinated"], bool) and isinstance(a["consensus"], list)
+    assert isinstance(a["hallucinated"], bool) and isinstance(a["consensus_nosink"], list)
     assert b["f1"] is None  # SQLite keeps NaN as NULL
-    assert math.isnan(b["consensus"][0]) and b["consensus"][1] == 1.0
-    assert {k: v for k, v in b.items() if k not in ("f1", "consensus")} == {
-        k: v for k, v in rows[1].items() if k not in ("f1", "consensus")}
+    assert math.isnan(b["consensus_nosink"][0]) and b["consensus_nosink"][1] == 1.0
+    assert {k: v for k, v in b.items() if k not in ("f1", "consensus_nosink")} == {
+        k: v for k, v in rows[1].items() if k not in ("f1", "consensus_nosink")}
 
 
 def test_float_lists_are_float32_blobs_only_when_lossless():
@@ -53,9 +53,9 @@ def test_float_lists_are_float32_blobs_only_when_lossless():
 
 def test_numpy_values_are_stored_as_python_values(tmp_path):
     with Store.open(tmp_path) as s:
-        s.write([rec("a", f1=np.float32(0.5), hallucinated=np.bool_(True), consensus=np.array([0.5, 0.25]))])
+        s.write([rec("a", f1=np.float32(0.5), hallucinated=np.bool_(True), consensus_nosink=np.array([0.5, 0.25]))])
         (r,) = s.records()
-    assert r["f1"] == 0.5 and r["hallucinated"] is True and r["consensus"] == [0.5, 0.25]
+    assert r["f1"] == 0.5 and r["hallucinated"] is True and r["consensus_nosink"] == [0.5, 0.25]
 
 
 def test_a_key_is_stored_once(tmp_path):
@@ -144,7 +144,7 @@ def test_analysis_reads_the_store_and_both_exports(tmp_path):
     with Store.open(run) as s:
         s.write(rows)
     df = load_records(run)
-    assert df["consensus"].tolist() == [r["consensus"] for r in rows]
+    assert df["consensus_nosink"].tolist() == [r["consensus_nosink"] for r in rows]
     assert df["gold"].tolist() == [r["gold"] for r in rows] and df["hallucinated"].dtype == bool
     for fmt in ("parquet", "csv"):
         path, n = export_records(run, fmt)

@@ -111,7 +111,6 @@ class SigmoidGrid:
         y = np.atleast_2d(np.asarray(y, float))  # [B, n]
         out = {k: np.full(len(y), np.nan) for k in ("mid", "k", "lo", "hi", "sse", "mid_low", "mid_high")}
         idx = np.flatnonzero(np.isfinite(y).all(axis=1))
-        n = y.shape[1]
         for start in range(0, len(idx), chunk):
             rows = idx[start:start + chunk]
             yy = y[rows]  # [b, n]

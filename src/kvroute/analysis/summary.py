@@ -21,10 +21,19 @@ from kvroute.analysis.cliff import cliff_tables
 from kvroute.analysis.common import ALL, PRESS_KEYS, AnalysisError, has_columns, jsonable, with_defaults
 from kvroute.analysis.compare import selection_comparison
 from kvroute.analysis.context import LONG_CONTEXT, cliff_vs_length
-from kvroute.analysis.correlation import conditional_hallucination, ger_hallucination_correlation
-from kvroute.analysis.curves import breakdown, layer_profiles, routing_curves
+from kvroute.analysis.correlation import conditional_hallucination, ger_hallucination_correlation, within_ratio_link
+from kvroute.analysis.curves import (
+    CONSENSUS_COL,
+    CONSENSUS_GROUP_COL,
+    TREND_MEANING,
+    breakdown,
+    layer_profiles,
+    profile_trend,
+    routing_curves,
+)
 from kvroute.analysis.decomposition import failure_decomposition, rigidity_comparison
-from kvroute.analysis.probe import probe_by_ratio
+from kvroute.analysis.load import drop_errors, rename_legacy_fields
+from kvroute.analysis.probe import identity_by_ratio, lens_profiles, probe_by_ratio
 from kvroute.analysis.redundancy import redundancy_table
 from kvroute.errors import ConfigError
 
@@ -39,7 +48,6 @@ class AnalysisConfig:
     n_boot: int = 1000  # bootstrap replicates (resampling instances)
     seed: int = 0
     confidence: float = 0.95
-    f1_threshold: float = 0.5  # a cell with F1 below this (or hallucinated) is a failure
     ger_threshold: float = 1.0  # ger_all_layers at or above this = answer globally evicted
     min_amplitude: float = 0.1  # H must rise this much for a cliff to be fitted
     long_context_family: str = LONG_CONTEXT
@@ -49,7 +57,6 @@ class AnalysisConfig:
     def __post_init__(self) -> None:
         checks = [("delta", 0 < self.delta < 1, "in (0, 1)"), ("n_boot", self.n_boot >= 10, "at least 10"),
                   ("confidence", 0.5 <= self.confidence < 1, "in [0.5, 1)"),
-                  ("f1_threshold", 0 <= self.f1_threshold <= 1, "in [0, 1]"),
                   ("ger_threshold", 0 < self.ger_threshold <= 1, "in (0, 1]"),
                   ("min_amplitude", 0 < self.min_amplitude < 1, "in (0, 1)"),
                   ("probe_folds", self.probe_folds >= 2, "at least 2")]
@@ -69,7 +76,7 @@ class Analysis:
 def analyze(df: pd.DataFrame, *, delta: float = 0.05, n_boot: int = 1000, seed: int = 0, **settings: Any) -> dict[str, Any]:
     """Every headline number of a run as JSON-serialisable data (becomes ``summary.json``).
 
-    ``settings`` are further :class:`AnalysisConfig` fields (``confidence``, ``f1_threshold``, …).
+    ``settings`` are further :class:`AnalysisConfig` fields (``confidence``, ``ger_threshold``, …).
     """
     return run_analysis(df, AnalysisConfig(delta=delta, n_boot=n_boot, seed=seed, **settings)).summary
 
@@ -77,11 +84,21 @@ def analyze(df: pd.DataFrame, *, delta: float = 0.05, n_boot: int = 1000, seed: 
 def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Analysis:
     """Run every analysis the records support; return the summary and the tables."""
     cfg = config or AnalysisConfig()
+    # cells recorded with status "error" have no metrics: no estimator sees them, the summary counts them
+    df, cell_errors = drop_errors(df)
+    n_errors = sum(g["n"] for g in cell_errors)
     if df.empty:
-        raise AnalysisError("there are no records to analyse; did the sweep finish any cell?")
-    df = with_defaults(df)
+        raise AnalysisError("there are no records to analyse; did the sweep finish any cell?"
+                            + (f" ({n_errors} cells errored, first: {cell_errors[0]['press']}: "
+                               f"{cell_errors[0]['error']})" if cell_errors else ""))
+    df = with_defaults(rename_legacy_fields(df))  # stores from before the consensus rename still analyse
     tables: dict[str, pd.DataFrame] = {}
     notes: dict[str, str] = {}
+    if cell_errors:
+        notes["cell_errors"] = (f"{n_errors} cells errored and are left out of every estimate: "
+                                + "; ".join(f"{g['n']} × {g['press']} ({g['model']}): {g['error']}"
+                                            for g in cell_errors[:5])
+                                + (f"; {len(cell_errors) - 5} more reasons" if len(cell_errors) > 5 else ""))
 
     def section(name: str, needs: list[str], fn: Callable[[], dict[str, pd.DataFrame]]) -> None:
         missing = [c for c in needs if not has_columns(df, [c])]
@@ -105,26 +122,40 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                             min_amplitude=cfg.min_amplitude, **boot), strict=True)))
     else:
         notes["context_length"] = f"skipped: no {cfg.long_context_family!r} family cells in these records"
+    # the headline GER reading: within ratio (logistic on GER with ratio strata, instance-clustered bootstrap)
+    section("ger_within_ratio", ["ger", "hallucinated"], lambda: {
+        "ger_within_ratio": within_ratio_link(df, threshold=cfg.ger_threshold, **boot)})
     section("ger_correlation", ["ger", "hallucinated"],
             lambda: dict(zip(("ger_points", "ger_correlation"), ger_hallucination_correlation(df), strict=True)))
     section("conditional", ["ger_all_layers", "hallucinated"], lambda: {
         "conditional": conditional_hallucination(df, threshold=cfg.ger_threshold),
         "conditional_by_ratio": conditional_hallucination(df, threshold=cfg.ger_threshold, keys=PRESS_KEYS,
                                                           by_ratio=True)})
-    section("decomposition", ["ger_all_layers"], lambda: {
-        "decomposition": failure_decomposition(df, f1_threshold=cfg.f1_threshold, ger_threshold=cfg.ger_threshold)})
-    section("rigidity", ["ger", "ger_all_layers", "consensus"], lambda: {
-        "rigidity": rigidity_comparison(df, f1_threshold=cfg.f1_threshold, ger_threshold=cfg.ger_threshold)})
+    section("decomposition", ["outcome", "ger_all_layers"], lambda: {
+        "decomposition": failure_decomposition(df, ger_threshold=cfg.ger_threshold, **boot)})
+    section("rigidity", ["outcome", "ger", "ger_all_layers", CONSENSUS_COL], lambda: {
+        "rigidity": rigidity_comparison(df, ger_threshold=cfg.ger_threshold)})
     section("routing", [], lambda: {"routing": routing_curves(df)})
     for by in ("answer_type", "question_type"):
         section(f"by_{by}", [by], functools.partial(lambda b: {f"by_{b}": breakdown(df, b)}, by))
-    for col in ("consensus", "rho", "consensus_nosink"):
-        section(f"{col}_profiles", [col], functools.partial(lambda c: {f"{c}_profiles": layer_profiles(df, c)}, col))
+    # layer-wise consensus: sink-free per head (the default), GQA-aware over KV groups (the cross-model
+    # comparison), and the with-sink reference; each with instance-bootstrap intervals
+    for col in (CONSENSUS_COL, "rho_nosink", CONSENSUS_GROUP_COL, "rho_group_nosink", "consensus_withsink"):
+        section(f"{col}_profiles", [col], functools.partial(lambda c: {f"{c}_profiles": layer_profiles(df, c, **boot)}, col))
+    trend_cols = [c for c in (CONSENSUS_COL, CONSENSUS_GROUP_COL, "consensus_withsink") if has_columns(df, [c])]
+    section("consensus_trend", [CONSENSUS_COL], lambda: {
+        "consensus_trend": pd.concat([profile_trend(df, c, **boot) for c in trend_cols], ignore_index=True)})
     section("selection_comparison", ["hallucinated"], lambda: {
         "selection_comparison": selection_comparison(df, n_boot=cfg.n_boot, confidence=cfg.confidence,
                                                      seed=cfg.seed)})
     section("redundancy", ["evidence_heads", "reachable"], lambda: dict(zip(
         ("redundancy", "redundancy_fit"), redundancy_table(df), strict=True)))
+    # the probes that count: which candidate value is the answer (identity), and the gold's logit lens
+    section("identity_probe", ["lens_candidates"], lambda: {
+        "identity_probe": identity_by_ratio(df, folds=cfg.probe_folds, n_boot=cfg.n_boot, confidence=cfg.confidence,
+                                            seed=cfg.seed)})
+    section("lens_profiles", ["lens_gold_logprob"], lambda: {"lens_profiles": lens_profiles(df)})
+    # a control that reads the (never compressed) question: the answer type
     section("probe", ["probe_features", "answer_type"],
             lambda: {"probe": probe_by_ratio(df, folds=cfg.probe_folds, seed=cfg.seed)})
 
@@ -141,8 +172,27 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                      "safe_ratio_rule": f"largest α with the one-sided {cfg.confidence:.0%} bootstrap upper bound of "
                                         f"H(α) − H(0) ≤ δ={cfg.delta:g} at it and every smaller ratio",
                      "globally_evicted": f"ger_all_layers ≥ {cfg.ger_threshold:g}",
-                     "failure": f"hallucinated or f1 < {cfg.f1_threshold:g}"},
+                     "ger_link": "headline = within ratio: per (model, press, regime, family), logistic regression of "
+                                 "hallucinated on the cell's ger with one intercept per ratio (ratio × family when "
+                                 "families are pooled), compressed cells with defined GER, strata without variation in "
+                                 "H or GER left out, ridge 1e-3 on the slope; odds ratio per +0.1 GER and the Mantel–Haenszel "
+                                 "P(H | evicted) − P(H | retained) over the same strata, both with instance-clustered "
+                                 "percentile bootstrap intervals. ger_pearson_r is pooled across ratios (one point "
+                                 "per ratio): both curves rise with α, so it is confounded by α and kept only to "
+                                 "compare with the paper's r = 0.79–0.93; p_h_given_evicted/retained are pooled "
+                                 "over ratios too",
+                     "failure": "outcome other than 'correct' (distractor, abstained, partial or fabricated; not an "
+                                "F1 threshold); failures whose GER is undefined (ger_all_layers missing or "
+                                "evidence 'none') are the class 'undefined', never 'retained'",
+                     "consensus": f"{CONSENSUS_COL}: distinct argmax keys / query heads at the last prompt token, argmax "
+                                  f"after the first n_sink positions (attention sinks excluded); {CONSENSUS_GROUP_COL}: "
+                                  "the same over KV groups (head-averaged attention per group), the value comparable "
+                                  "across models with different GQA group sizes; trend = last third of the layers minus "
+                                  "the first third at the full cache, 'funnel' / 'diversifying' only when the bootstrap "
+                                  "interval excludes 0"},
         "headline": _headline(tables),
+        # errored cells (status "error"), per (model, press, error); not in n_records nor any estimate
+        "cell_errors": {"n": n_errors, "groups": cell_errors},
         "notes": notes,
     }
     for name, t in tables.items():
@@ -177,23 +227,79 @@ def _headline(tables: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
         fam = {**key, "family": c["family"]}
         corr = _pick(tables.get("ger_correlation"), fam)
         cond = _pick(tables.get("conditional"), fam)
+        within = _pick(tables.get("ger_within_ratio"), fam)
         dec = _pick(tables.get("decomposition"), key)
         dec = dec[dec["ratio"] > 0] if not dec.empty else dec
         verdict = _pick(tables.get("length_verdicts"), key)
         probe = _pick(tables.get("probe"), key)
         safe = c.get("safe_ratio")
+        ident = _pick(tables.get("identity_probe"), key)
+        ident0 = ident[ident["ratio"] == 0] if not ident.empty else ident
+        ident_safe = ident[ident["ratio"] == safe] if not ident.empty and safe is not None else pd.DataFrame()
+        ident_max = ident[ident["ratio"] == ident["ratio"].max()] if not ident.empty else ident
         rows.append({
-            **fam, "alpha_star": c.get("alpha_star"), "alpha_star_ci": [c.get("alpha_star_low"), c.get("alpha_star_high")],
+            **fam, "alpha_star": c.get("alpha_star"),
+            # an interval only where both ends are identified; otherwise the statement says what is not
+            "alpha_star_ci": ([c.get("alpha_star_low"), c.get("alpha_star_high")]
+                              if c.get("alpha_star_identified") == "identified" else None),
+            "alpha_star_identified": c.get("alpha_star_identified"), "alpha_star_interval": c.get("alpha_star_interval"),
+            "alpha_star_boot_edges": {"below_grid": c.get("boot_below_grid"), "beyond_grid": c.get("boot_beyond_grid"),
+                                      "no_cliff": c.get("boot_no_cliff")},
+            "alpha_half": c.get("alpha_half"),
+            "alpha_half_ci": ([c.get("alpha_half_low"), c.get("alpha_half_high")]
+                              if c.get("alpha_half_identified") == "identified" else None),
+            "alpha_half_identified": c.get("alpha_half_identified"), "alpha_half_interval": c.get("alpha_half_interval"),
             "cliff_status": c.get("status"), "cliff_note": c.get("reason"),
             "alpha_chi_max": c.get("alpha_chi_max"), "chi_max": c.get("chi_max"), "safe_ratio": safe,
             "h_baseline": c.get("h0"), "ger_pearson_r": _first(corr, "pearson_r"), "ger_pearson_p": _first(corr, "pearson_p"),
             "ger_spearman_r": _first(corr, "spearman_r"),
             "p_h_given_evicted": _first(cond, "p_h_evicted"), "p_h_given_retained": _first(cond, "p_h_kept"),
+            **_ger_within_headline(within),
             "erasure_dominated_ratios": dec.loc[dec["dominant"] == "erasure", "ratio"].tolist() if not dec.empty else [],
             "retained_dominated_ratios": dec.loc[dec["dominant"] == "retained", "ratio"].tolist() if not dec.empty else [],
             "context_length_verdict": _first(verdict, "verdict"), "context_length_beta": _first(verdict, "beta"),
-            "probe_f1_baseline": _first(probe[probe["ratio"] == 0], "macro_f1") if not probe.empty else None,
-            "probe_f1_at_safe_ratio": (_first(probe[probe["ratio"] == safe], "macro_f1")
-                                       if not probe.empty and safe is not None else None),
+            "identity_accuracy_baseline": _first(ident0, "accuracy"),
+            "identity_accuracy_baseline_ci": [_first(ident0, "accuracy_low"), _first(ident0, "accuracy_high")],
+            "identity_chance": _first(ident0, "chance"),
+            "identity_untrained_baseline": _first(ident0, "untrained"),
+            "identity_accuracy_at_safe_ratio": _first(ident_safe, "accuracy"),
+            "identity_max_ratio": _first(ident_max, "ratio"),
+            "identity_accuracy_at_max_ratio": _first(ident_max, "accuracy"),
+            "identity_accuracy_at_max_ratio_ci": [_first(ident_max, "accuracy_low"), _first(ident_max, "accuracy_high")],
+            "identity_chance_at_max_ratio": _first(ident_max, "chance"),
+            "lens_logprob_baseline": _first(ident0, "lens_logprob_final"),
+            "lens_logprob_at_max_ratio": _first(ident_max, "lens_logprob_final"),
+            # control (reads the question, which the agnostic regime never compresses): not evidence of anything
+            "control_type_probe_f1_baseline": _first(probe[probe["ratio"] == 0], "macro_f1") if not probe.empty else None,
+            "control_type_probe_f1_at_safe_ratio": (_first(probe[probe["ratio"] == safe], "macro_f1")
+                                                    if not probe.empty and safe is not None else None),
+            **_consensus_headline(tables.get("consensus_trend"), key),
         })
     return rows
+
+
+def _consensus_headline(trend: pd.DataFrame | None, key: dict[str, Any]) -> dict[str, Any]:
+    """The full-cache depth trend of the sink-free consensus, per head and per KV group (see :func:`profile_trend`)."""
+    out: dict[str, Any] = {}
+    for prefix, col in (("consensus", CONSENSUS_COL), ("consensus_group", CONSENSUS_GROUP_COL)):
+        t = _pick(trend, {**key, "measure": col})
+        t = t[t["ratio"] == 0] if not t.empty else t
+        label = _first(t, "trend")
+        out.update({f"{prefix}_trend": label, f"{prefix}_trend_meaning": TREND_MEANING.get(label) if label else None,
+                    f"{prefix}_early": _first(t, "early"), f"{prefix}_late": _first(t, "late"),
+                    f"{prefix}_change_ci": [_first(t, "change_low"), _first(t, "change_high")]})
+    out["consensus_measure"] = (f"{CONSENSUS_COL} (per query head, sinks excluded); {CONSENSUS_GROUP_COL} is the one "
+                                "to compare across models with different GQA group sizes")
+    return out
+
+
+def _ger_within_headline(w: pd.DataFrame) -> dict[str, Any]:
+    """The within-ratio GER–hallucination link for one headline row (see :func:`within_ratio_link`)."""
+    return {"ger_within_verdict": _first(w, "verdict"), "ger_within_note": _first(w, "note"),
+            "ger_or_per_tenth": _first(w, "or_per_tenth"),
+            "ger_or_per_tenth_ci": [_first(w, "or_per_tenth_low"), _first(w, "or_per_tenth_high")],
+            "ger_slope": _first(w, "slope"), "ger_slope_ci": [_first(w, "slope_low"), _first(w, "slope_high")],
+            "ger_risk_difference": _first(w, "risk_difference"),
+            "ger_risk_difference_ci": [_first(w, "risk_difference_low"), _first(w, "risk_difference_high")],
+            "ger_within_n_cells": _first(w, "n_cells_fit"), "ger_within_n_instances": _first(w, "n_instances_fit"),
+            "ger_within_n_strata": _first(w, "n_strata_fit")}

@@ -12,11 +12,18 @@ The records follow :mod:`kvroute.records`. The truth is built in, so tests can c
   fixed, ``(1 − α*(T)) T = (1 − α*) T_ref``; ``law="ratio"`` keeps α* fixed.
 * GER rises along a sigmoid a little before H and is higher in hallucinated cells; a hallucinated
   cell has its answer globally evicted (``ger_all_layers == 1``) with probability
-  ``erasure[model]`` — the rest are failures with the answer retained somewhere.
-* Consensus profiles: the "llama" profile is low (heads agree) early and high late; the "qwen"
-  profile the opposite. Retained failures are more rigid (consensus lower by ``rigidity_drop``
-  in the second half of the layers) than successes.
-* ``probe_features`` carry the answer type with a signal that fades with α.
+  ``erasure[model]`` — the rest are failures with the answer retained somewhere. Unanswerable items
+  have no answer in the context, so their ``ger``/``ger_all_layers`` are NaN (undefined), as in real runs.
+* Consensus profiles (``consensus_nosink``, sink-free per head): the "llama" profile is low (heads
+  agree) early and high late; the "qwen" profile the opposite. Retained failures are more rigid
+  (consensus lower by ``rigidity_drop`` in the second half of the layers) than successes. The
+  with-sink vector is one head lower (sinks collapse heads); the GQA-aware one is the same profile
+  on the model's KV groups (``group_size`` query heads each).
+* ``probe_features`` carry the answer type with a signal that fades with α (the type control).
+* The logit lens (``lens_candidates``: 3 candidates, the gold first, per layer) gives the gold a
+  margin over its distractors in the second half of the layers that fades with α and is zero
+  when the answer is globally evicted, so the identity probe is at chance exactly there. Drawn
+  from their own generator: every other field is the same as without them.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class SyntheticModel:
     profile: str  # "llama" | "qwen"
     alpha_offset: float = 0.0
     erasure: float = 0.7  # P(answer globally evicted | hallucinated)
+    group_size: int = 1  # query heads per KV head (heads must be a multiple)
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,8 @@ class SyntheticSpec:
     """What to fabricate; validated on construction."""
 
     models: tuple[SyntheticModel, ...] = (
-        SyntheticModel("llama-like", 16, 8, "llama", 0.0, 0.75),
-        SyntheticModel("qwen-like", 12, 14, "qwen", -0.05, 0.3),
+        SyntheticModel("llama-like", 16, 8, "llama", 0.0, 0.75, group_size=2),
+        SyntheticModel("qwen-like", 12, 14, "qwen", -0.05, 0.3, group_size=7),
     )
     presses: tuple[str, ...] = ("expected_attention+per_head", "snapkv+adakv")
     press_offsets: tuple[float, ...] = (0.0, 0.03)
@@ -179,14 +187,18 @@ def synthetic_records(spec: SyntheticSpec | None = None) -> pd.DataFrame:
         "routed_reachable": reach | (rng.random(n) < 0.3),
         "gold_logprob": logp_full + delta, "gold_logprob_delta": delta,
     })
+    # no answer occurrence in the context: GER is undefined (the runner records None)
+    out.loc[unans, ["ger", "ger_all_layers"]] = np.nan
     _layer_vectors(spec, df, out, halluc, glob, rng)
+    _lens_vectors(spec, df, out, glob)
     return out
 
 
 def _layer_vectors(spec: SyntheticSpec, df: pd.DataFrame, out: pd.DataFrame, halluc: np.ndarray,
                    glob: np.ndarray, rng: np.random.Generator) -> None:
     cols: dict[str, list] = {c: [None] * len(df) for c in
-                             ("consensus", "consensus_nosink", "rho", "rho_nosink", "evidence_mass_layer",
+                             ("consensus_nosink", "rho_nosink", "consensus_group_nosink", "rho_group_nosink",
+                              "consensus_withsink", "rho_withsink", "evidence_mass_layer",
                               "hidden_cosine", "probe_features")}
     centers = rng.normal(0, 1, (len(ANSWER_TYPES), spec.probe_dims))
     type_idx = df["answer_type"].map({t: i for i, t in enumerate(ANSWER_TYPES)}).to_numpy()
@@ -200,18 +212,44 @@ def _layer_vectors(spec: SyntheticSpec, df: pd.DataFrame, out: pd.DataFrame, hal
         cons = prof - 0.1 * a - spec.rigidity_drop * rigid + rng.normal(0, 0.05, (n, L))  # [n, L]
         cons = np.clip(np.round(cons * H) / H, 1 / H, 1)
         rho = np.clip(np.round((1.0 + 1 / H - cons + rng.normal(0, 0.03, (n, L))) * H) / H, 1 / H, 1)
+        G = H // m.group_size  # KV groups
+        cons_g = np.clip(np.round(cons * G) / G, 1 / G, 1)
+        rho_g = np.clip(np.round((1.0 + 1 / G - cons_g) * G) / G, 1 / G, 1)
         mass = out["evidence_attention_mass"].to_numpy()[rows][:, None] * rng.uniform(0.5, 1.5, (n, L))
         cosine = 1 - 0.3 * a * depth - 0.1 * halluc[rows][:, None] * depth
         signal = 2.5 * np.exp(-3 * a)  # [n, 1]
         probe = centers[type_idx[rows]] * signal + rng.normal(0, 1, (n, spec.probe_dims))
-        for name, arr in (("consensus", cons), ("consensus_nosink", np.minimum(cons + 1 / H, 1)), ("rho", rho),
-                          ("rho_nosink", np.maximum(rho - 1 / H, 1 / H)), ("evidence_mass_layer", mass),
+        for name, arr in (("consensus_nosink", cons), ("rho_nosink", rho), ("consensus_group_nosink", cons_g),
+                          ("rho_group_nosink", rho_g), ("consensus_withsink", np.maximum(cons - 1 / H, 1 / H)),
+                          ("rho_withsink", np.minimum(rho + 1 / H, 1)), ("evidence_mass_layer", mass),
                           ("hidden_cosine", cosine), ("probe_features", probe)):
             vals = arr.round(4).tolist()
             for j, r in enumerate(rows):
                 cols[name][r] = vals[j]
     for name, vals in cols.items():
         out[name] = vals
+
+
+def _lens_vectors(spec: SyntheticSpec, df: pd.DataFrame, out: pd.DataFrame, glob: np.ndarray) -> None:
+    rng = np.random.default_rng([spec.seed, 14])
+    cands: list = [None] * len(df)
+    gold_lp: list = [None] * len(df)
+    for mi, m in enumerate(spec.models):
+        rows = np.flatnonzero(df["_mi"].to_numpy() == mi)
+        n, L = len(rows), m.layers
+        a = df["ratio"].to_numpy()[rows]
+        margin = np.where(glob[rows], 0.0, 2.0 * np.exp(-3 * a))[:, None, None]  # [n, 1, 1]
+        late = (np.linspace(0, 1, L) >= 0.5)[None, None, :]
+        x = rng.normal(-9, 2, (n, 1, L)) + rng.normal(0, 1, (n, 3, L))  # shared (question) part + noise
+        x[:, :1] += margin * late
+        vals = x.round(4).tolist()
+        for j, r in enumerate(rows):
+            cands[r], gold_lp[r] = vals[j], vals[j][0]
+    out["lens_candidates"] = cands
+    out["lens_gold_logprob"] = gold_lp
+    out["lens_gold_logprob_final"] = [v[-1] for v in gold_lp]
+    out["lens_n_candidates"] = 3
+    out["lens_candidates_dropped"] = 0
 
 
 def synthetic_keep_mask(*, layers: int = 16, kv_heads: int = 4, tokens: int = 96, ratio: float = 0.8,

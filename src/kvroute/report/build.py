@@ -33,7 +33,9 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("fig-decomposition", "Failure decomposition"),
     ("fig-consensus", "Layer-wise head consensus"),
     ("fig-survival", "Evidence survival in one instance"),
-    ("fig-probe", "Representation probe"),
+    ("fig-identity", "Answer identity probe"),
+    ("fig-lens", "Logit lens of the gold answer"),
+    ("fig-probe", "Answer-type probe (control: reads the question)"),
     ("fig-redundancy", "Redundancy: reachability against heads keeping the evidence"),
     ("fig-routes", "Route-preserving selection against AdaKV and per-head top-k"),
 )
@@ -82,12 +84,15 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
         h.section("headline", "Headline numbers", h.paragraph(
             "Families pooled, per model, press and regime. α* is the fitted sigmoid midpoint with its 95% bootstrap "
             "interval over instances; the safe ratio is the largest ratio whose hallucination rate stays within "
-            f"δ = {cfg.delta:g} of the baseline at {cfg.confidence:.0%} confidence (one-sided)."),
+            f"δ = {cfg.delta:g} of the baseline at {cfg.confidence:.0%} confidence (one-sided). The GER link is read "
+            "within ratio (odds ratio per +0.1 GER and ΔP(H) evicted − retained at the same α, section 3); the pooled "
+            "r across ratios is confounded by α and shown only for comparison with the paper."),
             _headline_table(s["headline"]) if s["headline"] else h.note(why("cliff"))),
         h.section("cliff", "1. Hallucination cliff",
                   fig("fig-cliff", lambda: fc.cliff_figure(t.get("cliff_curves"), t.get("cliffs")),
                       "H(α) per press with 95% bootstrap bands over instances; the dotted curve is the fitted sigmoid, "
-                      "the vertical line α*, the shaded span its interval, ▲ the safe ratio.", why("cliff")),
+                      "the vertical line α*, the shaded span its interval (hatched where one end is not identified), "
+                      "the dashed line the monotone cross-check α½, ▲ the safe ratio.", why("cliff")),
                   _cliff_table(t.get("cliffs"))),
         h.section("context", "2. α* against context length",
                   fig("fig-context", lambda: fc.context_figure(t.get("length_cliffs"), t.get("length_verdicts")),
@@ -95,8 +100,18 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                       why("context_length")),
                   _verdict_table(t.get("length_verdicts"))),
         h.section("ger", "3. GER and hallucination",
+                  h.paragraph("Within ratio (the main reading): does eviction of the answer raise the hallucination "
+                              "probability at the same α? Logistic regression of each compressed cell's hallucinated "
+                              "flag on its GER with one intercept per ratio (ratio × family when families are pooled; "
+                              "strata without variation in H or GER left out), and the Mantel–Haenszel difference "
+                              "P(H | globally evicted) − P(H | retained) over the same strata; 95% intervals from a "
+                              "bootstrap that resamples instances with all their cells."),
+                  _table_or_note(t.get("ger_within_ratio"), _WITHIN_COLS, why("ger_within_ratio")),
                   fig("fig-ger", lambda: fc.ger_figure(t.get("ger_points"), t.get("ger_correlation")),
-                      "Mean GER against hallucination rate, one point per ratio; r is Pearson's across ratios.",
+                      "Pooled across ratios, for comparison with the paper's r = 0.79–0.93 only: mean GER against "
+                      "hallucination rate, one point per ratio, r is Pearson's over those points. Both curves rise "
+                      "with α, so r is high whether or not eviction matters at a given ratio (confounded by α), and "
+                      "its p-value treats the ratio points as independent.",
                       why("ger_correlation")),
                   _table_or_note(t.get("conditional"), _COND_COLS, why("conditional"))),
         h.section("rau", "4. Retention, accessibility, utilization",
@@ -107,22 +122,52 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                   _breakdown_tables(t)),
         h.section("decomposition", "5. Failure decomposition: erasure or rigidity?",
                   fig("fig-decomposition", lambda: fr.decomposition_figure(t.get("decomposition")),
-                      f"Failures (hallucinated or F1 < {cfg.f1_threshold:g}) split into erasure (ger_all_layers ≥ "
-                      f"{cfg.ger_threshold:g}) and retained failures.", why("decomposition")),
+                      f"Failures (outcome other than correct: distractor, abstained, partial or fabricated) split "
+                      f"into erasure (ger_all_layers ≥ {cfg.ger_threshold:g}), retained failures (the answer kept in "
+                      f"some head) and failures whose GER is undefined (no answer occurrence in the context: "
+                      f"unanswerable items, evidence 'none'), which are never counted as retained.",
+                      why("decomposition")),
+                  _decomposition_table(t.get("decomposition")),
                   _rigidity_table(t.get("rigidity"), why("rigidity"))),
         h.section("consensus", "6. Layer-wise head consensus",
-                  fig("fig-consensus", lambda: fr.consensus_figure(t.get("consensus_profiles")),
-                      "Consensus(ℓ) = distinct argmax keys / query heads at the last prompt token, per model; low means "
-                      "the heads agree. Full cache (solid) against compressed ratios (dashed, mean over presses).",
-                      why("consensus_profiles"))),
+                  fig("fig-consensus", lambda: fr.consensus_figure(t.get("consensus_nosink_profiles"),
+                                                                   group=t.get("consensus_group_nosink_profiles")),
+                      "Sink-free Consensus(ℓ) = distinct argmax keys / query heads at the last prompt token, argmax "
+                      "after the first n_sink positions (attention sinks excluded), per model; low means the heads "
+                      "agree. Full cache (solid, with its 95% instance-bootstrap interval) against compressed ratios "
+                      "(dashed, mean over presses); dotted: the GQA-aware value over KV groups, the one to compare "
+                      "across models with different group sizes.",
+                      why("consensus_nosink_profiles")),
+                  _consensus_trend_table(t.get("consensus_trend"))),
         h.section("survival", "7. Evidence survival in one instance",
                   fig("fig-survival", lambda: survival_figure(survival) if survival is not None else None,
                       "Which layers and KV heads keep the evidence tokens of one instance under one press and ratio.",
                       "No keep-mask was supplied (pass survival=SurvivalExample(keep, evidence, ...) to build_report).")),
-        h.section("probe", "8. Representation probe against accuracy",
+        h.section("probe", "8. Representation: answer identity and the logit lens",
+                  h.paragraph("Probes that can fail when the evidence is gone. Answer identity: which of the instance's "
+                              "candidate values (the gold vs its distractors) is the answer, read from the last prompt "
+                              "token through the logit lens (final norm + unembedding at every layer, the log-prob of "
+                              "each candidate's first in-context token). A conditional-logit probe (softmax over one "
+                              "instance's candidates, one shared weight per depth quarter) is scored out of fold with "
+                              "instance-grouped folds, against chance = mean 1 / candidates; the untrained readout is "
+                              "the last layer's argmax, the model's own preference. Whatever the question alone "
+                              "reveals is shared by all candidates and cancels. Unanswerable items and items without a "
+                              "distinguishable distractor (first tokens coincide) are left out and counted."),
+                  fig("fig-identity", lambda: fx.identity_figure(t.get("identity_probe")),
+                      "Answer-identity accuracy per ratio with its 95% instance-bootstrap band (solid), the untrained "
+                      "last-layer readout (dotted) and chance (dashed grey).", why("identity_probe")),
+                  _table_or_note(t.get("identity_probe"), _IDENTITY_COLS, why("identity_probe")),
+                  fig("fig-lens", lambda: fx.lens_figure(t.get("lens_profiles")),
+                      "Mean log-probability of the gold answer's first in-context token under the logit lens, per "
+                      "layer, full cache against the compressed ratios.", why("lens_profiles")),
+                  h.paragraph("Control: the answer-type probe reads the question. The type (Person, Date, …) follows "
+                              "from the question's wording, which the question-agnostic regime never compresses, so "
+                              "this probe stays high with every evidence token evicted; it shows that the question is "
+                              "encoded, not that the evidence is usable."),
                   fig("fig-probe", lambda: fr.probe_figure(t.get("probe")),
-                      "Macro-F1 of a cross-validated logistic-regression probe for the answer type on the last-prompt-"
-                      "token features (± std over folds), next to exact-match accuracy.", why("probe"))),
+                      "Control (reads the question): macro-F1 of a cross-validated logistic-regression probe for the "
+                      "answer type on the last-prompt-token features (± std over folds), next to exact-match accuracy.",
+                      why("probe"))),
         h.section("routes", "Route-preserving selection: does it move the cliff?",
                   h.paragraph("Pairs of presses with the same scorer that differ only in selection: `+routes` "
                               "(coverage across heads) against `+adakv` and per-head top-k. Δα* = α*(routes) − "
@@ -153,7 +198,8 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
     toc = [("run", "Run"), ("headline", "Headline numbers"), ("cliff", "Hallucination cliff"),
            ("context", "α* against context length"), ("ger", "GER and hallucination"),
            ("rau", "Retention, accessibility, utilization"), ("decomposition", "Failure decomposition"),
-           ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"), ("probe", "Probe"),
+           ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"),
+           ("probe", "Identity and logit lens"),
            ("routes", "Route-preserving selection"), ("redundancy", "Redundancy"), ("tickets", "Lottery tickets"), ("examples", "Example answers"),
            ("notes", "Notes")]
     meta = f"kvroute {__version__} · {s['n_records']} records · bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}"
@@ -197,6 +243,15 @@ def _ticket_parts(tickets: pd.DataFrame | None, images: list[tuple[str, bytes]] 
     return parts
 
 
+_IDENTITY_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), ("ratio", "α"),
+                  ("accuracy", "identity accuracy"), ("accuracy_low", "low"), ("accuracy_high", "high"),
+                  ("chance", "chance"), ("p_value", "p (above chance)"), ("untrained", "untrained (last layer)"),
+                  ("lens_logprob_final", "log p(gold first token)"), ("lens_top1", "gold top-1"), ("exact", "exact"),
+                  ("n", "items"), ("null_folds", "folds with no direction"), ("mean_candidates", "candidates"),
+                  ("n_excluded_unanswerable", "unanswerable (out)"),
+                  ("n_excluded_no_distractor", "no distractor (out)"), ("n_candidates_dropped", "distractors dropped"),
+                  ("note", "note")]
+
 _ROUTES_COLS = [("model", "model"), ("regime", "regime"), ("press_a", "press"), ("press_b", "against"),
                 ("alpha_a", "α* (press)"), ("status_a", "fit (press)"), ("alpha_b", "α* (routes)"),
                 ("status_b", "fit (routes)"), ("delta_alpha", "Δα*"),
@@ -204,9 +259,17 @@ _ROUTES_COLS = [("model", "model"), ("regime", "regime"), ("press_a", "press"), 
                 ("delta_h_top", "mean ΔH, α ≥ 0.7"), ("delta_h_top_low", "low"), ("delta_h_top_high", "high"),
                 ("n_instances", "instances")]
 
+_WITHIN_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), ("family", "family"),
+                ("or_per_tenth", "OR per +0.1 GER"), ("or_per_tenth_low", "low"), ("or_per_tenth_high", "high"),
+                ("risk_difference", "ΔP(H) evicted − retained"), ("risk_difference_low", "low"),
+                ("risk_difference_high", "high"), ("n_cells_fit", "cells"), ("n_instances_fit", "instances"),
+                ("n_strata_fit", "strata"), ("strata", "stratum"), ("verdict", "within-ratio verdict")]
+
 _COND_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), ("family", "family"),
-              ("n_evicted", "cells evicted"), ("p_h_evicted", "P(H | evicted)"), ("n_kept", "cells retained"),
-              ("p_h_kept", "P(H | retained)"), ("risk_ratio", "risk ratio"), ("fisher_p", "Fisher p")]
+              ("n_evicted", "cells evicted"), ("p_h_evicted", "P(H | evicted), pooled over ratios"),
+              ("n_kept", "cells retained"), ("p_h_kept", "P(H | retained), pooled over ratios"),
+              ("risk_ratio", "pooled risk ratio"), ("fisher_p", "Fisher p (pooled)"),
+              ("difference_within_ratio", "difference within ratio (MH)")]
 
 
 def _table_or_note(df: pd.DataFrame | None, cols: list[tuple[str, str]], missing: str) -> str:
@@ -217,11 +280,17 @@ def _table_or_note(df: pd.DataFrame | None, cols: list[tuple[str, str]], missing
 
 def _headline_table(rows: list[dict[str, Any]]) -> str:
     return h.table(rows, [
-        ("model", "model"), ("press", "press"), ("regime", "regime"), ("alpha_star", "α*"), ("alpha_star_ci", "α* 95% CI"),
-        ("cliff_status", "fit"), ("alpha_chi_max", "argmax χ"), ("safe_ratio", "safe ratio"), ("h_baseline", "H(0)"),
-        ("ger_pearson_r", "GER r"), ("ger_pearson_p", "p"), ("p_h_given_evicted", "P(H|evicted)"),
-        ("p_h_given_retained", "P(H|retained)"), ("context_length_verdict", "length law"),
-        ("probe_f1_baseline", "probe F1 (α=0)"), ("probe_f1_at_safe_ratio", "probe F1 (safe α)")])
+        ("model", "model"), ("press", "press"), ("regime", "regime"), ("alpha_star", "α*"), ("alpha_star_interval", "α* 95% CI"),
+        ("cliff_status", "fit"), ("alpha_half", "α½ (monotone)"), ("alpha_half_interval", "α½ 95% CI"),
+        ("alpha_chi_max", "argmax χ"), ("safe_ratio", "safe ratio"), ("h_baseline", "H(0)"),
+        ("ger_or_per_tenth", "OR per +0.1 GER (within ratio)"), ("ger_or_per_tenth_ci", "OR 95% CI"),
+        ("ger_risk_difference", "ΔP(H) evicted − retained (within ratio)"), ("ger_within_verdict", "GER link"),
+        ("ger_pearson_r", "pooled r (confounded by α)"), ("p_h_given_evicted", "P(H|evicted), pooled"),
+        ("p_h_given_retained", "P(H|retained), pooled"), ("context_length_verdict", "length law"),
+        ("identity_accuracy_baseline", "identity acc. (α=0)"), ("identity_chance", "chance"),
+        ("identity_max_ratio", "largest α"), ("identity_accuracy_at_max_ratio", "identity acc. (largest α)"),
+        ("identity_accuracy_at_max_ratio_ci", "95% CI"),
+        ("control_type_probe_f1_baseline", "control: type-probe F1 (α=0, reads the question)")])
 
 
 def _cliff_table(cliffs: pd.DataFrame | None) -> str:
@@ -229,7 +298,11 @@ def _cliff_table(cliffs: pd.DataFrame | None) -> str:
         return ""
     return h.table(cliffs, [("model", "model"), ("press", "press"), ("regime", "regime"), ("family", "family"),
                             ("alpha_star", "α*"), ("alpha_star_low", "CI low"), ("alpha_star_high", "CI high"),
-                            ("status", "fit"), ("alpha_chi_max", "argmax χ"), ("chi_max", "max χ"),
+                            ("alpha_star_identified", "identified"), ("status", "fit"),
+                            ("boot_below_grid", "reps below grid"), ("boot_beyond_grid", "reps beyond grid"),
+                            ("boot_no_cliff", "reps no cliff"), ("alpha_half", "α½ (monotone)"),
+                            ("alpha_half_low", "α½ low"), ("alpha_half_high", "α½ high"),
+                            ("alpha_half_identified", "α½ identified"), ("alpha_chi_max", "argmax χ"), ("chi_max", "max χ"),
                             ("safe_ratio", "safe ratio"), ("n_instances", "instances"), ("reason", "note")],
                    text_columns=["reason"])
 
@@ -243,15 +316,52 @@ def _verdict_table(v: pd.DataFrame | None) -> str:
                        ("reason", "why")], text_columns=["reason"])
 
 
+def _consensus_trend_table(trend: pd.DataFrame | None) -> str:
+    """The full-cache depth trend per model and consensus variant (sink-free first)."""
+    if trend is None or trend.empty:
+        return ""
+    t = trend[trend["ratio"] == 0].drop_duplicates(["model", "regime", "measure"])
+    if t.empty:
+        return ""
+    return (h.paragraph("Where the heads agree at the full cache: mean consensus over the first and the last third of "
+                        "the layers; 'funnel' (late convergence) or 'diversifying' only when the 95% instance-bootstrap "
+                        "interval of late − early excludes 0. consensus_withsink (sinks included) is shown for "
+                        "reference only.")
+            + h.table(t, [("model", "model"), ("regime", "regime"), ("measure", "measure"), ("early", "early"),
+                          ("late", "late"), ("change", "late − early"), ("change_low", "low"),
+                          ("change_high", "high"), ("trend", "trend")]))
+
+
+_DECOMP_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), ("ratio", "α"),
+                ("n_cells", "cells"), ("n_failures", "failures"),
+                ("erasure_share", "erased"), ("erasure_share_low", "low"), ("erasure_share_high", "high"),
+                ("retained_share", "retained"), ("retained_share_low", "low"), ("retained_share_high", "high"),
+                ("undefined_share", "undefined"), ("undefined_share_low", "low"), ("undefined_share_high", "high"),
+                ("dominant", "dominant")]
+
+
+def _decomposition_table(d: pd.DataFrame | None) -> str:
+    """Shares of the failures at each compressed ratio, with their instance-bootstrap intervals."""
+    if d is None or d.empty or "erasure_share" not in d.columns:
+        return ""
+    d = d[(d["ratio"] > 0) & (d["n_failures"] > 0)]
+    if d.empty:
+        return ""
+    return (h.paragraph("Shares of the failures at each compressed ratio (erased / retained / undefined GER; they add "
+                        "up to 1), with 95% intervals from a bootstrap over instances.")
+            + h.table(d, [c for c in _DECOMP_COLS if c[0] in d.columns]))
+
+
 def _rigidity_table(r: pd.DataFrame | None, missing: str) -> str:
     if r is None or r.empty:
         return h.note(missing)
     cols = [("model", "model"), ("press", "press"), ("regime", "regime"), ("ratio", "α"),
             ("n_retained_failures", "retained failures"), ("n_matched_successes", "matched successes"),
-            ("consensus_fail", "consensus (fail)"), ("consensus_success", "consensus (success)"),
-            ("consensus_delta", "Δ consensus"), ("rho_delta", "Δ ρ")]
-    return (h.paragraph("Retained failures against successes at the same ratio with matched GER (binned): a negative "
-                        "Δ consensus / positive Δ ρ means the failing cells' heads agree more — rigidity.")
+            ("consensus_nosink_fail", "consensus (fail)"), ("consensus_nosink_success", "consensus (success)"),
+            ("consensus_nosink_delta", "Δ consensus"), ("rho_nosink_delta", "Δ ρ")]
+    return (h.paragraph("Retained failures against successes at the same ratio with matched GER (binned), sink-free "
+                        "consensus and ρ: a negative Δ consensus / positive Δ ρ means the failing cells' heads agree "
+                        "more — rigidity.")
             + h.table(r, [c for c in cols if c[0] in r.columns]))
 
 
