@@ -15,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 ORDER = ["load_speed", "equivalence", "grid_speed", "profile_grid", "metrics_overhead", "cell_batching", "context_scaling",
          "profile_capture",
-         "bookkeeping"]
+         "bookkeeping", "planted_truth", "mask_controls"]
 
 
 def main() -> int:
