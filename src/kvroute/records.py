@@ -69,7 +69,8 @@ METRIC_FIELDS: dict[str, str] = {
     "evidence_attention_mass_full": "the same with the full (uncompressed) cache",
     "reachable": "bool: direct reachability (some layer/head keeps an evidence token with attention > ε)",
     "routed_reachable": "bool (calibrated): the evidence content the last prompt token reads through the surviving "
-                        "entries (rollout over the prefill) beats every null draw, rank-test p ≤ route_alpha; "
+                        "entries (rollout over the prefill) beats the null draws: rank-test p = (1 + #null ≥ evidence) / "
+                        "(1 + route_null) ≤ route_alpha (at the defaults 19 and 0.05: beats every draw); "
                         "None when the context has too few null positions",
     "routed_evidence_mass": "uncalibrated routed statistic: Σ_t attention(last prompt token → kept t) · rollout "
                             "evidence share of t, mean over layers and query heads",

@@ -262,7 +262,8 @@ def fit_sigmoid(x: np.ndarray, y: np.ndarray, *, min_amplitude: float = MIN_AMPL
     rmse = float(np.sqrt(np.mean((sigmoid(x, lo, hi - lo, k, mid) - y) ** 2)))
     code = int(edge_codes(x, y[None, :], lo, hi, mid, tol=grid.mid_step / 2)[0])
     if code == BEYOND_GRID:
-        return SigmoidFit("beyond_grid", f"H has not risen halfway by the second-largest ratio: α* > {x[-2]:g} is not "
+        return SigmoidFit("beyond_grid", f"the fitted midpoint lies beyond the second-largest ratio (H has not risen "
+                                         f"halfway by {x[-2]:g}, and the top is not pinned at 1): α* > {x[-2]:g} is not "
                                          f"identified",
                           lo=lo, hi=hi, k=k, rmse=rmse)
     if code == BELOW_GRID:

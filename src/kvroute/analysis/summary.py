@@ -168,7 +168,10 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
         "regimes": sorted(df["regime"].unique()), "families": sorted(df["family"].unique()),
         "ratios": sorted(float(r) for r in df["ratio"].unique()),
         "settings": {**asdict(cfg), "bootstrap_unit": "instance_id (cluster bootstrap, percentile intervals)",
-                     "sigmoid": "H(α) = lo + (hi − lo) / (1 + exp(−k (α − α*))), least squares",
+                     "sigmoid": "H(α) = lo + (hi − lo) / (1 + exp(−k (α − α*))), least squares with 0 ≤ lo ≤ hi ≤ 1; the point "
+                                "estimate and every bootstrap replicate pass the same edge rule (midpoint in the "
+                                "grid's first or last gap = below/beyond the grid unless the bound pins lo = 0 or "
+                                "hi = 1); an interval end that falls on a censored replicate is left open",
                      "safe_ratio_rule": f"largest α with the one-sided {cfg.confidence:.0%} bootstrap upper bound of "
                                         f"H(α) − H(0) ≤ δ={cfg.delta:g} at it and every smaller ratio",
                      "globally_evicted": f"ger_all_layers ≥ {cfg.ger_threshold:g}",

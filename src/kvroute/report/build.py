@@ -236,7 +236,9 @@ def _ticket_parts(tickets: pd.DataFrame | None, images: list[tuple[str, bytes]] 
                                  "suffix, kept whole in every cell, is shown apart in the table above."))
         parts.append(h.table(cmp, [c for c in [("model", "model"), ("regime", "regime"), ("family", "ticket family"),
                                    ("press", "press"), ("cliff_family", "cliff curve"), ("tickets", "tickets"),
-                                   ("ticket_median", "ticket (median share)"), ("kept_at_cliff", "kept at cliff"),
+                                   ("ticket_median", "ticket (median share)"),
+                                   ("ticket_median_with_question", "ticket incl. question (median)"),
+                                   ("kept_at_cliff", "kept at cliff"),
                                    ("cliff_over_ticket", "ratio")] if c[0] in cmp.columns]))
     for caption, png in (images or [])[:3]:
         parts.append(h.figure(f"fig-ticket-{len(parts)}", data_uri(png), caption))
@@ -255,7 +257,8 @@ _IDENTITY_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), 
 _ROUTES_COLS = [("model", "model"), ("regime", "regime"), ("press_a", "press"), ("press_b", "against"),
                 ("alpha_a", "α* (press)"), ("status_a", "fit (press)"), ("alpha_b", "α* (routes)"),
                 ("status_b", "fit (routes)"), ("delta_alpha", "Δα*"),
-                ("delta_alpha_low", "Δα* low"), ("delta_alpha_high", "Δα* high"), ("boot_valid", "replicates with cliffs"),
+                ("delta_alpha_low", "Δα* low"), ("delta_alpha_high", "Δα* high"),
+                ("delta_alpha_interval", "Δα* interval (open ends explained)"), ("boot_valid", "replicates with cliffs"),
                 ("delta_h_top", "mean ΔH, α ≥ 0.7"), ("delta_h_top_low", "low"), ("delta_h_top_high", "high"),
                 ("n_instances", "instances")]
 
