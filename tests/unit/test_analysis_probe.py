@@ -98,3 +98,24 @@ def test_the_metrics_namespace_exports_the_identity_probe():
 
     assert metrics_probe.identity_probe is probe.identity_probe
     assert metrics_probe.identity_by_ratio is probe.identity_by_ratio
+
+
+def test_the_shared_baseline_gets_one_identity_reading_for_every_press():
+    from kvroute.analysis.probe import identity_by_ratio
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(40):  # a weak gold signal in the last layer: which folds an item lands in matters
+        cands = rng.normal(size=(2, 6))
+        cands[0, -1] += 0.6
+        base = {"model": "m", "regime": "agnostic", "instance_id": f"i{i}", "unanswerable": False,
+                "lens_candidates": cands.tolist(), "exact": 0.0}
+        rows.append({**base, "press": "none", "ratio": 0.0})
+        for press in ("a", "b", "c"):
+            rows.append({**base, "press": press, "ratio": 0.5,
+                         "lens_candidates": (cands + rng.normal(scale=0.1, size=cands.shape)).tolist()})
+    out = identity_by_ratio(pd.DataFrame(rows), n_boot=50)
+    base = out[out["ratio"] == 0]
+    assert sorted(base["press"]) == ["a", "b", "c"]
+    # the same cells, so the same folds and the same reading (folds are not seeded by the press)
+    assert base["accuracy"].nunique() == 1 and base["accuracy_low"].nunique() == 1

@@ -418,7 +418,11 @@ def identity_by_ratio(df: pd.DataFrame, col: str = "lens_candidates", *, keys: S
         try:
             row.update(identity_probe(kept, grp["instance_id"].to_numpy()[usable], folds=folds, bins=bins,
                                       n_boot=n_boot, confidence=confidence,
-                                      seed=int(group_seed(seed, key).integers(2**31))))
+                                      # folds seeded without the press: the baseline, shared by every
+                                      # press, gets one reading, and presses at a ratio share their folds
+                                      seed=int(group_seed(seed, tuple(v for k, v in zip([*keys, "ratio"], key,
+                                                                                          strict=True)
+                                                                      if k != "press")).integers(2**31))))
         except AnalysisError as e:
             row["note"] = str(e)
         rows.append(row)
