@@ -146,7 +146,7 @@ def _headline_parts(row: dict[str, Any]) -> list[str]:
         hci = row.get("alpha_half_ci")
         parts.append(f"halfway crossing {row['alpha_half']:.3f}"
                      + (f" in [{hci[0]:.2f}, {hci[1]:.2f}]" if hci and None not in hci else
-                        f" ({row.get('alpha_half_interval') or 'not identified'})"))
+                        f" {(row.get('alpha_half_interval') or 'not identified').split(':')[0]}"))
     safe = row.get("safe_ratio")
     parts.append(f"safe ratio {safe if safe is not None else '–'}")
     if row.get("ger_within_verdict") is not None:
@@ -171,6 +171,9 @@ def _identity_lines(summary: dict[str, Any]) -> list[str]:
         line = (f"{model}: answer-identity probe {_num(r0['identity_accuracy_baseline'], '.2f')} "
                 f"[{_num(ci0[0], '.2f')}, {_num(ci0[1], '.2f')}] at the full cache (chance "
                 f"{_num(r0.get('identity_chance'), '.2f')})")
+        chance = r0.get("identity_chance")
+        if ci0[0] is not None and chance is not None and ci0[0] <= chance:
+            line += " — the interval includes chance: the probe cannot rank presses on this model"
         tops = [r for r in rows if r.get("identity_accuracy_at_max_ratio") is not None]
         if tops:
             w = min(tops, key=lambda r: r["identity_accuracy_at_max_ratio"])
