@@ -13,11 +13,12 @@ from kvroute.metrics import DEFAULT_METRICS, METRICS, CellContext, MetricSetting
 from kvroute.metrics.accessibility import EvidenceRollout, document_range
 from kvroute.metrics.representation import answer_candidates
 from kvroute.presses import build_press
+from kvroute.tasks.instance import IDK
 from kvroute.tasks.prompt import REGIMES, answer_ids, build_prompt
 
 log = logging.getLogger(__name__)
 
-ABSTAIN_GOLD = "I don't know"
+ABSTAIN_GOLD = IDK  # the gold of an unanswerable item
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,8 @@ class _Instance:
 
 
 def test_candidates_are_the_gold_then_distinguishable_distractors():
-    from kvroute.metrics.representation import answer_candidates, in_context_ids
+    from kvroute.metrics.representation import answer_candidates
+    from kvroute.tasks.prompt import answer_ids
 
     tok = _WordTokenizer()
     q = "Which event did she attend? Answer:"
@@ -218,7 +219,7 @@ def test_candidates_are_the_gold_then_distinguishable_distractors():
     assert c.texts == ("Salt Race", "Driftwood Parade")  # "salt race" is the gold, normalised
     assert c.dropped == ("Salt Regatta", "Driftwood Fair")  # first tokens taken by the gold / "Driftwood Parade"
     assert c.ids == (tok.vocab["Salt"], tok.vocab["Driftwood"])
-    assert in_context_ids(tok, prompt, "Salt Race") == [tok.vocab["Salt"], tok.vocab["Race"]]
+    assert answer_ids(tok, prompt, "Salt Race") == [tok.vocab["Salt"], tok.vocab["Race"]]
     assert answer_candidates(tok, prompt, inst, gold_ids=[99, 100]).ids[0] == 99
     unans = answer_candidates(tok, prompt, _Instance(("I don't know",), ("Salt Race",), unanswerable=True))
     assert unans.texts == ("I don't know", "Salt Race")

@@ -44,18 +44,6 @@ class LensCandidates:
     dropped: tuple[str, ...] = ()
 
 
-def in_context_ids(tokenizer: Any, prompt: Any, text: str) -> list[int]:
-    """``text``'s tokens as the model would write them right after ``prompt``.
-
-    The same natural continuation as the runner's gold tokens (:func:`kvroute.tasks.prompt.answer_ids`:
-    the answer after a separating space, the leading-space token first), so the gold and its
-    distractors are read at comparable tokens.
-    """
-    from kvroute.tasks.prompt import answer_ids
-
-    return answer_ids(tokenizer, prompt, text)
-
-
 def answer_candidates(tokenizer: Any, prompt: Any, instance: Any,
                       gold_ids: Sequence[int] | None = None) -> LensCandidates:
     """The gold answer and the instance's distractors with their first in-context tokens.
@@ -66,15 +54,16 @@ def answer_candidates(tokenizer: Any, prompt: Any, instance: Any,
     ``dropped``.
     """
     from kvroute.metrics.utilization import normalize_answer
+    from kvroute.tasks.prompt import answer_ids
 
     gold = IDK if instance.unanswerable else instance.answers[0]
-    first = list(gold_ids)[0] if gold_ids else in_context_ids(tokenizer, prompt, gold)[0]
+    first = list(gold_ids)[0] if gold_ids else answer_ids(tokenizer, prompt, gold)[0]
     golds = {normalize_answer(a) for a in instance.answers}
     texts, ids, dropped = [gold], [first], []
     for d in dict.fromkeys(instance.distractors):
         if normalize_answer(d) in golds:
             continue
-        t = in_context_ids(tokenizer, prompt, d)[0]
+        t = answer_ids(tokenizer, prompt, d)[0]
         if t in ids:
             dropped.append(d)
         else:
