@@ -1,23 +1,38 @@
 # kvroute — the two commands: `make demo` (the main job) and `make test` (the tests).
-# Both create .venv when it is missing and install the project into it.
+# Both create .venv when it is missing and install the project into it, at the versions in
+# constraints.txt (the ones CI tested); `make lock` upgrades that file.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kvroute-installed
 PYTEST := $(PY) -m pytest
+LOCK   := constraints.txt
 
-.PHONY: demo test test-slow test-all bench lint venv clean
+.PHONY: demo test test-slow test-all bench lint venv clean lock
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# the CPU build of torch (a CUDA machine may install its own build first)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev]"
+	# torch at the locked version (a CUDA machine may install its own build of it first)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet -c $(LOCK) torch
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[dev]"
 	touch $(STAMP)
+
+# Re-resolve the newest versions pyproject.toml allows in a scratch venv and write them to constraints.txt
+# (torch stays at TORCH, its CPU build); then `make test` reinstalls .venv from the new lock.
+TORCH ?= 2.13.0
+lock:
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install --quiet --upgrade pip; \
+	"$$tmp/venv/bin/python" -m pip install --quiet torch==$(TORCH); \
+	"$$tmp/venv/bin/python" -m pip install --quiet -e ".[dev]"; \
+	{ sed -n '/^#/p' $(LOCK) 2>/dev/null || true; "$$tmp/venv/bin/python" -m pip freeze --all --exclude-editable \
+	  | grep -v '^pip==' | sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > "$$tmp/lock.txt"; \
+	mv "$$tmp/lock.txt" $(LOCK); echo "wrote $(LOCK); run make test"
 
 demo: $(STAMP)
 	$(VENV)/bin/kvroute demo

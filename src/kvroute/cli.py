@@ -30,6 +30,7 @@ from rich.text import Text
 
 from kvroute import __version__
 from kvroute.errors import KvrouteError
+from kvroute.progress import PlainProgress, PlainTask
 
 console = Console()
 err_console = Console(stderr=True)
@@ -70,9 +71,14 @@ class RichProgress:
         return columns + [TimeElapsedColumn(), TimeRemainingColumn()]
 
     jump_on_completed = False
+    unit = ""
 
     @contextlib.contextmanager
-    def task(self, description: str, total: float | None = None) -> Iterator[_Handle]:
+    def task(self, description: str, total: float | None = None) -> Iterator[_Handle | PlainTask]:
+        if not self.console.is_terminal:  # a log file, nohup, CI: rich draws no bar there, so plain lines
+            with PlainProgress(self.console.file, unit=self.unit).task(description, total) as t:
+                yield t
+            return
         with Progress(*self.columns(total), console=self.console, transient=False) as p:
             tid = p.add_task(description, total=total)
             yield _Handle(p, tid, jump_on_completed=self.jump_on_completed)
@@ -175,7 +181,11 @@ def _read_text(value: str) -> str:
         p = Path(value[1:])
         if not p.is_file():
             raise KvrouteError(f"no such file: {p}")
-        return p.read_text()
+        try:
+            return p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise KvrouteError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start}); convert it "
+                               "(e.g. iconv -t UTF-8) and try again") from None
     return value
 
 
@@ -272,10 +282,9 @@ def report(
     pngs = sorted((base / "tickets").glob("*.png"))[:3]
     images = [(f"Ticket for instance {p.stem}: which layers and KV heads keep its evidence tokens.", p.read_bytes())
               for p in pngs]
-    with err_console.status(f"analysing {len(df)} records"):
-        path = build_report(df, out, manifest=load_manifest(run), title=title,
-                            config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
-                            tickets=tickets, ticket_images=images, survival=survival)
+    path = build_report(df, out, manifest=load_manifest(run), title=title,
+                        config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
+                        tickets=tickets, ticket_images=images, survival=survival, progress=RichProgress())
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
 
 
@@ -294,6 +303,7 @@ class _SweepProgress(RichProgress):
     """The sweep's bar: cells done of total, rate, elapsed and ETA; cells found in the store are a jump."""
 
     jump_on_completed = True
+    unit = "cells"
 
     def columns(self, total: float | None) -> list[ProgressColumn]:
         return [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -326,6 +336,8 @@ def sweep(
     seeds: Annotated[str | None, typer.Option("--seeds", help="Override seeds, e.g. 0,1,2.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Override decoding.max_new_tokens.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and show the grid; load no model, write nothing.")] = False,
+    new_settings: Annotated[bool, typer.Option("--new-settings", help="With --resume: add cells with settings that "
+                                               "differ from the run's (refused otherwise, so runs do not mix).")] = False,
 ) -> None:
     """Run a sweep config's grid of cells into a crash-safe, resumable store, with a progress bar and a summary."""
     import json
@@ -339,6 +351,12 @@ def sweep(
             overrides.append(f"{key}={json.dumps(values)}")
     if max_new_tokens is not None:
         overrides.append(f"decoding.max_new_tokens={max_new_tokens}")
+    from kvroute.sweep.driver import BACKENDS
+
+    if backend not in BACKENDS:
+        raise KvrouteError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if new_settings and not resume:
+        raise KvrouteError("--new-settings adds settings to an existing run; use it with --resume")
     cfg = load_sweep_config(config, overrides)
     if dry_run:
         d = plan_sweep(cfg).describe()
@@ -347,7 +365,7 @@ def sweep(
                       f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}")
         return
     res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address, progress=_SweepProgress(),
-                    retry_errors=retry_errors)
+                    retry_errors=retry_errors, new_settings=new_settings)
     console.print(f"[green]done[/green] {res.computed} cells computed, {res.already_done} already in the store "
                   f"({res.total_cells} in the grid) in {res.seconds:.1f} s → {out}")
     _summary_table(res.summary)
@@ -451,14 +469,16 @@ def run(
     import json
 
     from kvroute.engine import Cell, Engine
+    from kvroute.files import atomic_write, check_output_file
     from kvroute.presses import build_press, check_ratio
     from kvroute.runner import RunSettings, run_instance
     from kvroute.tasks import load_tasks
 
-    for p in press:  # names and ratios are checked before anything loads
+    for p in press:  # names, ratios and the output path are checked before anything loads
         build_press(p)
     for r in ratio:
         check_ratio(r)
+    check_output_file(out)
     instances = load_tasks(tasks)[:limit]
     settings = RunSettings(max_new_tokens=max_new_tokens)
     cells = [Cell(p, r) for p in press for r in ratio]
@@ -468,7 +488,8 @@ def run(
     engine.validate(cells)
     out.parent.mkdir(parents=True, exist_ok=True)
     n, errored = 0, []
-    with out.open("w") as f, RichProgress().task(f"{len(instances)} instances × {len(cells)} cells", len(instances)) as bar:
+    # written to a temporary file next to --out and renamed at the end: a run that fails leaves --out as it was
+    with atomic_write(out) as f, RichProgress().task(f"{len(instances)} instances × {len(cells)} cells", len(instances)) as bar:
         for inst in instances:
             for rec in run_instance(engine, inst, cells, regime=regime, seed=seed, settings=settings, model_name=model):
                 f.write(json.dumps(_compact({"id": inst.id, **rec}), ensure_ascii=False) + "\n")
@@ -659,14 +680,31 @@ from kvroute.cli_import import register as _register_import  # noqa: E402  (task
 _register_import(tasks_app)
 
 
-def main() -> None:
-    try:
-        app()
-    except KvrouteError as e:
-        from rich.markup import escape
+def _print_error(message: str) -> None:
+    """One line on stderr (no wrapping, no markup in the message)."""
+    from rich.markup import escape
 
-        err_console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
+    err_console.print(f"[bold red]error:[/bold red] {escape(' '.join(message.split()))}", highlight=False,
+                      soft_wrap=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console entry point: the one place where kvroute's own errors and OS errors become one line.
+
+    A :class:`~kvroute.errors.KvrouteError` exits with 2, an :class:`OSError` (read-only folder, full
+    disk, ``--out`` naming a directory, ...) with 1, each as one line naming the path and the fix;
+    anything else is a bug and keeps its traceback.
+    """
+    from kvroute.files import os_error_message
+
+    try:
+        app(args=argv)
+    except KvrouteError as e:
+        _print_error(str(e))
         sys.exit(2)
+    except OSError as e:
+        _print_error(os_error_message(e))
+        sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/yellow]")
         sys.exit(130)

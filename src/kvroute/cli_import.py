@@ -127,7 +127,9 @@ def register(tasks_app: typer.Typer) -> None:
         else:
             rows = niah_rows(instances, layout, count=TokenCounter(tok))
             out.parent.mkdir(parents=True, exist_ok=True)
-            with out.open("w", encoding="utf-8", newline="\n") as f:
+            from kvroute.files import atomic_write
+
+            with atomic_write(out) as f:
                 f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         console.print(f"[green]wrote[/green] {len(instances)} niah instances ({len(spec.lengths)} lengths × "
                       f"{len(spec.depths)} depths × {n}, haystack {spec.haystack_name}, {layout} layout) to {out} "

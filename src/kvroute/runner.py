@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvroute.engine import NO_PRESS, Cell, DecodeSettings, Engine, EngineResult
+from kvroute.engine.window import check_chars
 from kvroute.errors import CELL_ERRORS, ConfigError, error_reason
 from kvroute.metrics import DEFAULT_METRICS, METRICS, CellContext, MetricSettings
 from kvroute.metrics.accessibility import EvidenceRollout, document_range
@@ -119,6 +120,8 @@ def error_record(cell: Cell, reason: str, *, model_name: str, regime: str, seed:
 def _run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regime: str, seed: int,
                   settings: RunSettings, model_name: str) -> list[dict[str, Any]]:
     lm = engine.lm
+    # the cheap bound first: a huge context is refused before it is tokenised
+    check_chars(lm, len(instance.context) + len(instance.question), settings.max_new_tokens)
     prompt = build_prompt(lm.tokenizer, instance, regime=regime, system_prompt=settings.system_prompt,
                           answer_prefix=settings.answer_prefix)
     needs = settings.needs

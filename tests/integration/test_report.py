@@ -14,6 +14,7 @@ from kvroute.analysis.synthetic import SyntheticSpec, synthetic_keep_mask, synth
 from kvroute.errors import StoreError
 from kvroute.report.build import FIGURES, build_report
 from kvroute.report.heatmap import SurvivalExample
+from kvroute.report.html import esc
 
 EVIL = "<script>alert('pwned')</script>"
 FAST = AnalysisConfig(n_boot=100)
@@ -124,3 +125,44 @@ def test_context_figure_draws_a_point_outside_its_interval():
                               "alpha_star_high": [0.6, 0.7, 0.8, 0.9], "budget_star": [64, 100, 150, 250],
                               "budget_star_low": [50, 90, 160, 200], "budget_star_high": [70, 120, 170, 300]})
     assert context_figure(by_length, pd.DataFrame()) is not None
+
+
+def _sections(html):
+    return re.findall(r'<section id="([^"]+)">', html)
+
+
+def test_report_opens_with_the_findings_and_the_cliff_figure_and_closes_with_the_manifest(report):
+    path, html = report
+    ids = _sections(html)
+    assert ids[0] == "findings" and ids[-1] == "manifest"
+    assert html.index('<section id="findings">') < html.index("<nav>")  # before the contents and every detail
+    findings = html[html.index('<section id="findings">'):html.index("<nav>")]
+    assert '<figure id="fig-cliff">' in findings and html.count('<figure id="fig-cliff">') == 1
+    # every headline row is a finding in words, with its α* and the α* interval (or its open end) beside it
+    s = json.loads((path.parent / "summary.json").read_text())
+    items = re.findall(r"<li><strong>(.*?)</strong>: (.*?)</li>", findings)
+    assert len(items) >= len(s["headline"]) > 0
+    for row, (label, text) in zip(s["headline"], items, strict=False):
+        assert label.endswith(esc(row["press"])), (label, row["press"])
+        if row["alpha_star"] is not None:
+            ci = row["alpha_star_ci"]
+            expected = (f"α* = {row['alpha_star']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and None not in ci
+                        else f"α* = {row['alpha_star']:.3f}, interval ")
+            assert expected in text, (expected, text)
+        assert f"safe ratio {row['safe_ratio']:g}" in text
+
+
+def test_manifest_is_a_definition_list_with_the_raw_json_behind_details(report):
+    _, html = report
+    manifest = html[html.index('<section id="manifest">'):]
+    assert '<dl class="manifest">' in manifest
+    assert "<dt>git commit</dt><dd>abc123</dd>" in manifest
+    assert "<dt>note</dt><dd>&lt;script&gt;" in manifest  # unknown fields still shown, escaped
+    details = manifest[manifest.index("<details>"):]
+    assert "<summary>" in details and "&quot;git&quot;: &quot;abc123&quot;" in details
+
+
+def test_every_table_scrolls_in_its_own_box(report):
+    _, html = report
+    assert html.count("<table>") == html.count('<div class="scroll"><table>') > 5
+    assert ".scroll { overflow-x: auto" in html

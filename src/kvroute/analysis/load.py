@@ -114,7 +114,7 @@ def load_records(path: str | Path) -> pd.DataFrame:
         if suffix == ".parquet":
             df = pd.read_parquet(p)
         elif suffix == ".csv":
-            df = pd.read_csv(p)
+            df = _read_csv(p)
         elif suffix in (".jsonl", ".ndjson"):
             df = pd.read_json(p, lines=True, dtype=False)
         elif suffix in (".sqlite", ".db"):
@@ -140,13 +140,27 @@ def load_manifest(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {"manifest": data}
 
 
+def _read_csv(path: Path) -> pd.DataFrame:
+    """A CSV export (:func:`kvroute.sweep.export.read_csv`: exact types back); other CSVs through pandas."""
+    from kvroute.sweep.export import read_csv
+
+    try:
+        records = read_csv(path)
+    except ValueError:  # not kvroute's dialect (e.g. written by pandas): pandas' own inference
+        return pd.read_csv(path)
+    return pd.DataFrame.from_records(records)
+
+
 def _read_sqlite(path: Path) -> pd.DataFrame:
-    """The ``records`` table of a run store, read-only."""
+    """The ``records`` table of a run store, read-only, after SQLite's integrity check."""
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error as e:
         raise StoreError(f"cannot open {path}: {e}") from e
     try:
+        from kvroute.sweep.store import quick_check
+
+        quick_check(con, path)
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
         if TABLE not in tables:
             raise StoreError(f"{path} has no {TABLE!r} table (tables: {', '.join(sorted(tables)) or 'none'}); "
@@ -177,6 +191,14 @@ def _decode_vector(v: object) -> object:
     return v
 
 
+def _plain_list(v: object) -> object:
+    if isinstance(v, np.ndarray):
+        return [_plain_list(x) for x in v.tolist()] if v.dtype == object else v.tolist()
+    if isinstance(v, list):
+        return [_plain_list(x) for x in v]
+    return v
+
+
 def rename_legacy_fields(df: pd.DataFrame) -> pd.DataFrame:
     """Records with the field names of :data:`kvroute.records.RENAMED_FIELDS` mapped to today's.
 
@@ -203,6 +225,9 @@ def _decode(df: pd.DataFrame) -> pd.DataFrame:
     for col in VECTOR_FIELDS:
         if col in df.columns and df[col].dtype == object:
             df[col] = [_decode_vector(v) for v in df[col]]
+    for col in df.columns:  # other list columns (Parquet gives numpy arrays): plain lists, as the store holds them
+        if col not in VECTOR_FIELDS and df[col].dtype == object and any(isinstance(v, np.ndarray) for v in df[col]):
+            df[col] = [_plain_list(v) for v in df[col]]
     for col in BOOL_FIELDS:
         if col in df.columns and df[col].dtype != bool:
             s = df[col].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))

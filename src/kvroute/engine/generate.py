@@ -42,12 +42,26 @@ def greedy_generate(lm: Any, input_ids: Sequence[int], *, max_new_tokens: int = 
 
 def greedy_answer(lm: Any, context: str, question: str, *, max_new_tokens: int = 32,
                   system_prompt: str | None = None) -> str:
-    """Greedy answer of ``lm`` to ``question`` about ``context`` with the model's chat template."""
+    """Greedy answer of ``lm`` to ``question`` about ``context`` with the model's chat template.
+
+    The prompt goes through the checks a run makes (:mod:`kvroute.engine.window`): a non-empty context
+    and question, ``max_new_tokens >= 1``, the character bound before tokenising and the window after.
+    """
+    from kvroute.engine.window import check_chars, check_tokens
+    from kvroute.errors import ConfigError
+
+    for name, text in (("context", context), ("question", question)):
+        if not text.strip():
+            raise ConfigError(f"the {name} is empty; give some text (or @FILE)")
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    check_chars(lm, len(context) + len(question) + len(system_prompt or ""), max_new_tokens)
     messages = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": f"{context}\n\n{question}"})
     text = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    check_tokens(lm, len(ids), max_new_tokens)
     out = greedy_generate(lm, ids, max_new_tokens=max_new_tokens)
     return lm.tokenizer.decode(out, skip_special_tokens=True).strip()

@@ -63,7 +63,8 @@ def cliff_figure(curves: pd.DataFrame, cliffs: pd.DataFrame, *, family: str = "a
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("hallucination rate H(α)")
     axes[0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Hallucination cliff ({plain_label(fam)}): band = 95% bootstrap CI, vertical line = α*, "
+    # two lines: one would be wider than a one-panel figure (constrained layout does not shrink a suptitle)
+    fig.suptitle(f"Hallucination cliff ({plain_label(fam)})\nband = 95% bootstrap CI, vertical line = α*, "
                  f"shaded = its CI (hatched = open-ended), dashed = monotone α½, ▲ = safe ratio", fontsize=10)
     return fig
 

@@ -8,7 +8,6 @@ Content-Security-Policy that forbids scripts and any network access, as a second
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -18,17 +17,25 @@ import pandas as pd
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto; max-width: 1180px;
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1.2rem auto; max-width: 1180px;
        color: #222; line-height: 1.45; padding: 0 1rem; }
-h1 { font-size: 1.6rem; margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2.2rem; }
-.meta { color: #666; font-size: 0.9rem; } .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.5rem 0.8rem; }
-nav ol { columns: 2; font-size: 0.95rem; }
-table { border-collapse: collapse; font-size: 0.82rem; margin: 0.6rem 0 1rem; display: block; overflow-x: auto; max-width: 100%; }
+h1 { font-size: 1.5rem; margin: 0 0 0.1rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2.2rem; }
+header p.meta { margin: 0 0 0.4rem; }
+.meta { color: #666; font-size: 0.88rem; } .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.5rem 0.8rem; }
+#findings h2 { margin-top: 0.6rem; } ul.findings { margin: 0.3rem 0; padding-left: 1.2rem; font-size: 0.9rem; }
+ul.findings li { margin: 0.1rem 0; } #findings figure { margin: 0.5rem 0; }
+nav ol { columns: 3; font-size: 0.92rem; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 0.6rem 0 1rem; }
+table { border-collapse: collapse; font-size: 0.82rem; }
 th, td { border: 1px solid #ddd; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f4f6f8; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.text { max-width: 28rem; white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 0.88rem; color: #444; margin-top: 0.3rem; }
+dl.manifest { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 0.3rem 1rem; font-size: 0.9rem; }
+dl.manifest dt { font-weight: 600; } dl.manifest dd { margin: 0; overflow-wrap: anywhere; }
+dl.manifest ol { margin: 0.2rem 0; padding-left: 1.2rem; }
+details pre { overflow-x: auto; max-height: 40rem; background: #f8f8f8; padding: 0.6rem; font-size: 0.8rem; }
 """
 
 
@@ -75,7 +82,8 @@ def table(df: pd.DataFrame | Sequence[dict], columns: Sequence[tuple[str, str]] 
             cells.append(f'<td class="{cls}">{fmt(v)}</td>' if cls else f"<td>{fmt(v)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = f'<p class="meta">{len(rows) - max_rows} more rows in summary.json.</p>' if len(rows) > max_rows else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
+    # the box scrolls sideways, not the page, when a table is wider than the window
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>{more}'
 
 
 def figure(fig_id: str, uri: str, caption: str) -> str:
@@ -96,23 +104,12 @@ def section(sec_id: str, heading: str, *parts: str) -> str:
     return f'<section id="{esc(sec_id)}"><h2>{esc(heading)}</h2>{"".join(parts)}</section>'
 
 
-def manifest_table(manifest: dict[str, Any] | None) -> str:
-    """The run manifest as a two-column table (nested values as compact JSON, long ones cut)."""
-    if not manifest:
-        return note("No run manifest was given (manifest.json next to the records).")
-    rows = []
-    for k, v in manifest.items():
-        text = v if isinstance(v, str) else json.dumps(v, default=str, ensure_ascii=False)
-        rows.append({"key": k, "value": text if len(text) <= 400 else text[:399] + "…"})
-    return table(rows, [("key", "field"), ("value", "value")], text_columns=["value"])
-
-
-def page(title: str, meta: str, toc: Sequence[tuple[str, str]], body: Sequence[str]) -> str:
-    """The whole self-contained page."""
+def page(title: str, meta: str, toc: Sequence[tuple[str, str]], body: Sequence[str], opening: str = "") -> str:
+    """The whole self-contained page: the header, ``opening`` (what a reader came for), the contents, ``body``."""
     nav = "".join(f'<li><a href="#{esc(i)}">{esc(h)}</a></li>' for i, h in toc)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
             f'<header><h1>{esc(title)}</h1><p class="meta">{esc(meta)}</p></header>'
-            f"<nav><ol>{nav}</ol></nav>{''.join(body)}</body></html>\n")
+            f"{opening}<nav><ol>{nav}</ol></nav>{''.join(body)}</body></html>\n")

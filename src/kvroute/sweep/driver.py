@@ -27,7 +27,7 @@ from kvroute.progress import SILENT, Progress
 from kvroute.sweep.config import SweepConfig
 from kvroute.sweep.grid import count_cells, expand, pending
 from kvroute.sweep.manifest import finish_session, start_session
-from kvroute.sweep.store import Store
+from kvroute.sweep.store import Store, check_integrity
 from kvroute.sweep.tasks import resolve_tasks, write_task_sets
 
 log = logging.getLogger(__name__)
@@ -78,11 +78,75 @@ def plan_sweep(config: SweepConfig) -> Plan:
     return Plan(config, units, sets, {k: len(v) for k, v in tasks.items()})
 
 
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+#: the manifest's config keys that feed the settings hash (kvroute.sweep.config.settings_hash)
+SETTINGS_KEYS = ("decoding", "metrics", "metric_settings")
+
+
+def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old → new`` for every result-changing setting that differs between two resolved configs."""
+    a = _flat({k: old.get(k) for k in SETTINGS_KEYS})
+    b = _flat({k: new.get(k) for k in SETTINGS_KEYS})
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if k == "decoding.batch_size":  # does not change a record's values
+            continue
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, list) and isinstance(vb, list) and k == "metrics":
+            va, vb = sorted(va), sorted(vb)
+        if va != vb:
+            out.append(f"{k}: {a.get(k)!r} → {b.get(k)!r}")
+    return out
+
+
+def check_resume_settings(run_dir: str | Path, config: SweepConfig, *, new_settings: bool = False) -> None:
+    """Refuse to resume ``run_dir`` with settings that change results (the store would mix two runs).
+
+    The settings hash of every earlier session is in the manifest; a hash seen before is fine. A new
+    one raises :class:`~kvroute.errors.ConfigError` naming the keys that differ, unless
+    ``new_settings`` (``--new-settings``) asks to add the new setting explicitly.
+    """
+    from kvroute.sweep.manifest import read_manifest
+
+    manifest = read_manifest(run_dir)
+    if not manifest:
+        return
+    seen = {s.get("settings_hash") for s in manifest.get("sessions", []) if s.get("settings_hash")}
+    old_config = manifest.get("config") or {}
+    if old_config.get("settings_hash"):
+        seen.add(old_config["settings_hash"])
+    if not seen or config.settings_hash in seen or new_settings:
+        if new_settings and seen and config.settings_hash not in seen:
+            log.warning("adding settings %s to %s next to %s; reports pool all settings unless filtered by the "
+                        "'settings' column", config.settings_hash, run_dir, ", ".join(sorted(seen)))
+        return
+    diff = settings_diff(old_config, config.to_dict())
+    if not diff:
+        old_v = (manifest.get("versions") or {}).get("kvroute")
+        from kvroute import __version__
+
+        diff = [f"kvroute version: {old_v!r} → {__version__!r}"]
+    raise ConfigError(f"{run_dir} was run with other settings; resuming would mix two runs in one store. Differs: "
+                      f"{'; '.join(diff)}. Resume with the original settings, choose another --out, or pass "
+                      "--new-settings to add these settings to the run on purpose")
+
+
 def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local", resume: bool = False,
-              ray_address: str | None = None, progress: Progress = SILENT, retry_errors: bool = False) -> SweepOutcome:
+              ray_address: str | None = None, progress: Progress = SILENT, retry_errors: bool = False,
+              new_settings: bool = False) -> SweepOutcome:
     """Run ``config`` into ``run_dir``; with ``resume`` only the cells missing from its store are computed.
 
     Errored cells count as done; ``retry_errors`` (with ``resume``) deletes them so they are computed again.
+    A resume with settings that change results is refused unless ``new_settings``
+    (:func:`check_resume_settings`); a damaged store is refused (``PRAGMA quick_check``).
     """
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -93,6 +157,9 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
     plan = plan_sweep(config)
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
+    if resume:  # before the store is opened for writing: a refused resume changes no byte of the run
+        check_integrity(run_dir)  # a damaged store must not pass as complete
+        check_resume_settings(run_dir, config, new_settings=new_settings)
     with Store.open(run_dir) as store:
         done = store.keys()
         if done and not resume:

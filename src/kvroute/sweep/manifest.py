@@ -1,6 +1,6 @@
 """``RUN_DIR/manifest.json``: what a run was (resolved config, versions, git hash, device) and when.
 
-The manifest is rewritten atomically (temp file + rename) at the start and the end of every
+The manifest is rewritten atomically (temp file + fsync + rename, :func:`kvroute.files.atomic_write`) at the start and the end of every
 session, so it is always valid JSON. A resumed run keeps its first ``started`` time and appends
 one entry per session to ``sessions`` (backend, times, cells computed, how it ended).
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvroute import __version__
+from kvroute.files import write_text
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -75,9 +76,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
 
 def write_manifest(run_dir: str | Path, data: dict[str, Any]) -> Path:
     f = Path(run_dir) / MANIFEST_NAME
-    tmp = f.with_name(f.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, f)
+    write_text(f, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")  # temp + fsync + rename
     return f
 
 

@@ -194,6 +194,10 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def check(self) -> None:
+        """SQLite's ``PRAGMA quick_check`` on the open store (:class:`StoreError` naming the file when damaged)."""
+        quick_check(self.con, self.path)
+
     # reading ------------------------------------------------------------------------------------
     def keys(self) -> set[str]:
         return {k for (k,) in self.con.execute(f"SELECT key FROM {TABLE}")}
@@ -348,6 +352,36 @@ def _open_readonly(run_dir: str | Path) -> sqlite3.Connection:
     if not path.is_file():
         raise StoreError(f"no run store at {path}; pass the --out directory of a sweep")
     return _connect(path, readonly=True)
+
+
+DAMAGED_FIX = ("restore it from a backup, recover what is readable with `sqlite3 {path} .recover > dump.sql`, "
+               "or start a fresh run in another --out")
+
+
+def quick_check(con: sqlite3.Connection, path: str | Path) -> None:
+    """Raise :class:`StoreError` naming ``path`` unless SQLite's ``PRAGMA quick_check`` passes on ``con``."""
+    try:
+        rows = con.execute("PRAGMA quick_check").fetchall()
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{path} is damaged ({e}); {DAMAGED_FIX.format(path=path)}") from None
+    problems = [str(r[0]) for r in rows if r and r[0] != "ok"]
+    if problems:
+        first = " ".join(problems[0].split())[:200]
+        raise StoreError(f"{path} is damaged: SQLite's integrity check found {len(problems)} problem(s), the first: "
+                         f"{first}; {DAMAGED_FIX.format(path=path)}")
+
+
+def check_integrity(run_dir: str | Path) -> None:
+    """Check a run store (``RUN_DIR/store.sqlite`` or the file itself) with ``PRAGMA quick_check``; no store, no check."""
+    path = Path(run_dir)
+    path = path / STORE_NAME if path.is_dir() else path
+    if not path.is_file():
+        return
+    con = _connect(path, readonly=True)
+    try:
+        quick_check(con, path)
+    finally:
+        con.close()
 
 
 def read_records(run_dir: str | Path, *, order: str = "rowid") -> list[dict[str, Any]]:

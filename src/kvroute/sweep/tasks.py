@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvroute.errors import ConfigError, KvrouteError
+from kvroute.files import write_text
 from kvroute.sweep.config import ModelSpec, SweepConfig, TaskSource
 from kvroute.tasks import dumps_tasks, generate_tasks, load_tasks
 
@@ -111,8 +112,6 @@ def write_task_sets(run_dir: Path, sets: list[TaskSet]) -> list[str]:
         path = folder / ts.filename
         text = dumps_tasks(ts.instances)
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text, encoding="utf-8", newline="\n")
-            tmp.replace(path)
+            write_text(path, text)
         out.append(f"{TASKS_DIR}/{ts.filename}")
     return out

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ ANSWER_TYPES: tuple[str, ...] = ("Person", "Thing", "Organization", "Creature", 
                                  "Date/Time", "Event")
 QUESTION_TYPES: tuple[str, ...] = ("Standard", "Manipulated", "Part")
 IDK = "I don't know"
+#: the longest instance id the loader accepts (ids name files and rows; content hashes have 16 characters)
+MAX_ID_LENGTH = 512
 FIELDS: tuple[str, ...] = ("id", "family", "version", "seed", "context", "question", "answers", "unanswerable",
                            "answer_spans", "evidence_spans", "distractors", "answer_type", "question_type", "meta")
 _OPTIONAL = {"id": None, "seed": None, "meta": None, "distractors": (), "evidence_spans": ()}
@@ -201,6 +204,12 @@ def validate(inst: TaskInstance) -> None:
 
     if not isinstance(inst.id, str) or not inst.id:
         raise fail("id", "must be a non-empty string")
+    bad = next((c for c in inst.id if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")), None)
+    if bad is not None:
+        raise fail("id", f"holds the control character {bad!r} (ids are names: no NUL, newline, tab or escape "
+                         "characters); use printable text")
+    if len(inst.id) > MAX_ID_LENGTH:
+        raise fail("id", f"is {len(inst.id)} characters long; ids may have at most {MAX_ID_LENGTH}")
     if not isinstance(inst.family, str) or not inst.family:
         raise fail("family", "must be a non-empty string")
     if not isinstance(inst.version, int) or isinstance(inst.version, bool) or inst.version < 0:

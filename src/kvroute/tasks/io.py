@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvroute.errors import TaskFormatError
+from kvroute.files import atomic_write
 from kvroute.tasks.instance import TaskInstance
 
 
@@ -21,13 +22,11 @@ def save_tasks(instances: Iterable[TaskInstance], path: str | os.PathLike[str]) 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+    with atomic_write(path, "w", encoding="utf-8", newline="\n") as f:
         for inst in instances:
             f.write(inst.to_json())
             f.write("\n")
             n += 1
-    os.replace(tmp, path)
     return n
 
 

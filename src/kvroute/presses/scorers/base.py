@@ -8,7 +8,9 @@ scores, higher = more important. Selection strategies turn scores into a KeepMas
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from kvroute.errors import ConfigError, UnknownNameError
+from kvroute.presses.params import Param
 from kvroute.presses.spec import ComponentSpec, parse_component
 from kvroute.registry import Registry
 
@@ -43,6 +46,7 @@ class Scorer(ABC):
     needs_attentions: ClassVar[bool] = False  # needs the full [H, T, T] prefill attention map
     ratio_dependent: ClassVar[bool] = False  # scores change with the compression ratio
     needs_evidence: ClassVar[bool] = False  # reads the instance's evidence positions
+    schema: ClassVar[dict[str, Param]] = {}  # allowed range of each numeric parameter (checked at build time)
 
     def setup(self, model: nn.Module) -> None:
         """Called once per model before the first prefill."""
@@ -82,8 +86,14 @@ def _default(f: dataclasses.Field) -> Any:
 SCORERS: Registry[type[Scorer]] = Registry("scorer")
 
 
-def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str, Any]) -> dict[str, Any]:
-    """Validate ``given`` against ``allowed`` (name → default); cast to the default's type."""
+def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str, Any],
+                 schema: Mapping[str, Param] | None = None) -> dict[str, Any]:
+    """Validate ``given`` against ``allowed`` (name → default) and ``schema``; cast to the default's type.
+
+    Types come from the defaults; every float must be finite; ``schema`` adds each parameter's range
+    (:class:`~kvroute.presses.params.Param`).
+    """
+    schema = schema or {}
     out = {}
     for k, v in given.items():
         if k not in allowed:
@@ -96,7 +106,12 @@ def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str,
                 raise ConfigError(f"{kind} {name!r}: parameter {k} must be an integer, got {v!r}")
         if isinstance(default, float) and not isinstance(v, (int, float)):
             raise ConfigError(f"{kind} {name!r}: parameter {k} must be a number, got {v!r}")
-        out[k] = float(v) if isinstance(default, float) else v
+        v = float(v) if isinstance(default, float) else v
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{kind} {name!r}: parameter {k} must be a finite number, got {v!r}")
+        if k in schema and isinstance(v, int | float) and not isinstance(v, bool):
+            schema[k].check(kind, name, k, v)
+        out[k] = v
     return out
 
 
@@ -104,5 +119,5 @@ def build_scorer(spec: ComponentSpec | str) -> Scorer:
     if isinstance(spec, str):
         spec = parse_component(spec, "scorer")
     cls = SCORERS.get(spec.name)
-    params = check_params("scorer", spec.name, spec.kwargs, cls.parameters())
+    params = check_params("scorer", spec.name, spec.kwargs, cls.parameters(), cls.schema)
     return cls(**params)

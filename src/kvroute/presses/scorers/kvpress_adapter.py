@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from kvroute.errors import EngineError
+from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer
 
 
@@ -68,12 +69,16 @@ class KvpressScorer(Scorer):
 
 
 def register_kvpress(name: str, press_cls: type, description: str, *, needs_attentions: bool = False,
-                     ratio_dependent: bool = False, min_tokens_param: str | None = None) -> type[KvpressScorer]:
-    """Register ``press_cls`` under ``name`` as a kvroute scorer and return the adapter class."""
+                     ratio_dependent: bool = False, min_tokens_param: str | None = None,
+                     schema: dict[str, Param] | None = None) -> type[KvpressScorer]:
+    """Register ``press_cls`` under ``name`` as a kvroute scorer and return the adapter class.
+
+    ``schema``: the allowed range of each numeric parameter of the press (see :mod:`kvroute.presses.params`).
+    """
     cls = type(f"{press_cls.__name__}Scorer", (KvpressScorer,), {
         "name": name, "description": description, "press_cls": press_cls,
         "needs_attentions": needs_attentions, "ratio_dependent": ratio_dependent,
-        "min_tokens_param": min_tokens_param,
+        "min_tokens_param": min_tokens_param, "schema": dict(schema or {}),
     })
     SCORERS.register(name, cls)
     return cls

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import torch
 
+from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer
 
 
@@ -23,6 +24,7 @@ class RandomScorer(Scorer):
     name: ClassVar[str] = "random"
     description: ClassVar[str] = "Uniform random scores, seeded per (seed, layer)."
     seed: int = -1
+    schema: ClassVar[dict[str, Param]] = {"seed": Param(lo=-1, why="-1 = the sweep seed")}
 
     def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
         seed = x.seed if self.seed < 0 else self.seed

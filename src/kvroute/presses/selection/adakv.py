@@ -6,6 +6,7 @@ from typing import ClassVar
 import torch
 
 from kvroute.errors import ConfigError
+from kvroute.presses.params import Param
 from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept
 
 
@@ -42,6 +43,7 @@ class AdaKV(Selection):
     name: ClassVar[str] = "adakv"
     description: ClassVar[str] = "Top-k across the KV heads of a layer, per-head safeguard (kvpress AdaKVPress)."
     alpha_safeguard: float = 0.20
+    schema: ClassVar[dict[str, Param]] = {"alpha_safeguard": Param(lo=0, hi=1, why="a share of each head's budget")}
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha_safeguard <= 1.0:

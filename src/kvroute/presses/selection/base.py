@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 
 from kvroute.errors import ConfigError, EngineError
+from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import check_params
 from kvroute.presses.spec import ComponentSpec, parse_component
 from kvroute.registry import Registry
@@ -53,6 +54,7 @@ class Selection(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    schema: ClassVar[dict[str, Param]] = {}  # allowed range of each numeric parameter (checked at build time)
 
     def score_variant(self) -> Hashable:
         """How the scorer must be run in the prefill: ``"full"`` (whole context) or e.g. ``("chunk", n)``."""
@@ -81,4 +83,4 @@ def build_selection(spec: ComponentSpec | str) -> Selection:
     if isinstance(spec, str):
         spec = parse_component(spec, "selection")
     cls = SELECTIONS.get(spec.name)
-    return cls(**check_params("selection", spec.name, spec.kwargs, cls.parameters()))
+    return cls(**check_params("selection", spec.name, spec.kwargs, cls.parameters(), cls.schema))

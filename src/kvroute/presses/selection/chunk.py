@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 
 from kvroute.errors import ConfigError
+from kvroute.presses.params import Param
 from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, topk_mask
 
 
@@ -37,6 +38,7 @@ class Chunk(Selection):
     name: ClassVar[str] = "chunk"
     description: ClassVar[str] = "Top-k inside contiguous chunks scored separately (kvpress ChunkPress / FINCH)."
     chunk_length: int = 1024
+    schema: ClassVar[dict[str, Param]] = {"chunk_length": Param(lo=1, why="tokens per chunk")}
     min_last: int = field(default=1, repr=False, compare=False)  # set by the press from its scorer
 
     @classmethod

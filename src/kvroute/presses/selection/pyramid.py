@@ -6,6 +6,7 @@ from typing import ClassVar
 import torch
 
 from kvroute.errors import ConfigError
+from kvroute.presses.params import Param
 from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, topk_mask
 
 
@@ -40,6 +41,8 @@ class Pyramid(Selection):
     description: ClassVar[str] = "Per-layer pyramid budgets (PyramidKV), top-k per KV head."
     window_size: int = 64
     beta: int = 20
+    schema: ClassVar[dict[str, Param]] = {"window_size": Param(lo=0, why="protected recent tokens"),
+                                          "beta": Param(lo=1, why="the pyramid's slope divisor")}
 
     def __post_init__(self) -> None:
         if self.beta < 1:

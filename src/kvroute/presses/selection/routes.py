@@ -6,6 +6,7 @@ from typing import ClassVar
 import torch
 
 from kvroute.errors import ConfigError
+from kvroute.presses.params import Param
 from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept
 
 
@@ -60,6 +61,8 @@ class Routes(Selection):
     description: ClassVar[str] = "AdaKV budget + safeguard, spent first on covering distinct high-priority tokens."
     alpha_safeguard: float = 0.20
     coverage: float = 0.5
+    schema: ClassVar[dict[str, Param]] = {"alpha_safeguard": Param(lo=0, hi=1, why="a share of each head's budget"),
+                                          "coverage": Param(lo=0, hi=1, why="a share of the remaining budget")}
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha_safeguard <= 1.0:

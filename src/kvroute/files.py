@@ -1,0 +1,158 @@
+"""Writing files safely: names built from data, atomic writes, and OS errors as one-line messages.
+
+Three rules every kvroute writer follows:
+
+* a file name built from data (a model name, a task instance id) goes through :func:`safe_name`,
+  so no id can climb out of the output folder (``../../x``), name a sub-folder (``a/b``) or carry
+  control characters;
+* a file is written through :func:`atomic_write` (or :func:`write_text` / :func:`write_bytes`): the
+  bytes go to a temporary file in the same directory, are flushed and fsync'ed, and only then
+  renamed over the target. After a crash, a full disk or an exception, the target holds either its
+  old bytes or the complete new ones, and the temporary file is gone;
+* an :class:`OSError` that reaches the CLI becomes one line naming the path and the fix
+  (:func:`os_error_message`), not a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from kvroute.errors import KvrouteError
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_NAME = 120
+
+
+def safe_name(text: str, *, max_len: int = MAX_NAME) -> str:
+    """``text`` as one safe path component: letters, digits, ``.``, ``_`` and ``-`` only.
+
+    Anything else (``/``, ``\\``, spaces, control characters, non-ASCII) becomes ``_``, leading dots
+    are dropped (no ``..``, no hidden files), and a name that had to change (or be cut to
+    ``max_len``) gets 8 hex digits of its SHA-256, so two different ids never share a file. Ordinary
+    ids (content hashes, zoo names) come back unchanged.
+    """
+    text = str(text)
+    clean = _UNSAFE.sub("_", text).lstrip(".")
+    if clean == text and clean and len(clean) <= max_len:
+        return clean
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    clean = clean[: max_len - 9].rstrip(".") or "x"
+    return f"{clean}-{digest}"
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some file systems (and Windows) cannot open a directory; the rename still happened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "w", *, encoding: str | None = "utf-8",
+                 newline: str | None = "\n") -> Iterator[IO[Any]]:
+    """Open a temporary file next to ``path``; on success fsync it and rename it over ``path``.
+
+    ``mode`` is ``"w"`` (text) or ``"wb"``. Nothing is visible at ``path`` until the block ends
+    without an exception; on any exception (or ``KeyboardInterrupt``) the temporary file is
+    removed and ``path`` keeps its old bytes. ``path`` naming a directory fails before the block
+    runs (:class:`IsADirectoryError`). Parent folders must exist.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write mode must be 'w' or 'wb', got {mode!r}")
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name[:60]}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        if mode == "wb":
+            f: IO[Any] = os.fdopen(fd, "wb")
+        else:
+            f = os.fdopen(fd, "w", encoding=encoding, newline=newline)
+        with f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(OSError):  # mkstemp makes the file 0600; give it the usual mode
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if e.filename is None:  # fsync and write errors carry no path; the message must name one
+            raise type(e)(e.errno, e.strerror, str(path)) from e
+        raise
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> Path:
+    """Atomically replace ``path`` with ``text`` (``\\n`` line endings kept as given)."""
+    with atomic_write(path, "w", encoding=encoding) as f:
+        f.write(text)
+    return Path(path)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Atomically replace ``path`` with ``data``."""
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+    return Path(path)
+
+
+def check_output_file(path: str | os.PathLike[str], option: str = "--out") -> Path:
+    """Fail early, before any work, when ``path`` cannot be an output file (a directory, or a parent that is a file)."""
+    p = Path(path)
+    if p.is_dir():
+        raise KvrouteError(f"{option} {p} is a directory; give a file path such as {p / 'records.jsonl'}")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise KvrouteError(f"{option} {p}: {parent} is a file, not a folder; choose another {option}")
+            break
+    return p
+
+
+_FIXES: dict[int, str] = {
+    errno.EACCES: "permission denied; choose another --out or make the folder writable",
+    errno.EPERM: "operation not permitted; choose another --out or make the folder writable",
+    errno.EROFS: "the file system is read-only; choose another --out on a writable disk",
+    errno.ENOSPC: "no space left on the device; free some space or choose another --out (finished work in a "
+                  "run store is kept: --resume continues)",
+    errno.EDQUOT: "disk quota exceeded; free some space or choose another --out",
+    errno.EISDIR: "is a directory; give a file path (or another --out)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; choose another path",
+    errno.EEXIST: "already exists; remove it or choose another path",
+    errno.ENOENT: "no such file or directory; check the path",
+    errno.ENAMETOOLONG: "the file name is too long; choose a shorter path",
+    errno.EMFILE: "too many open files; raise the limit (ulimit -n) or run fewer jobs at once",
+}
+
+
+def os_error_message(e: OSError) -> str:
+    """One line for an OS error: the path(s), what happened, and what to do."""
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    where = " → ".join(paths) if paths else "a file"
+    fix = _FIXES.get(e.errno) if e.errno is not None else None
+    reason = e.strerror or type(e).__name__
+    text = f"{where}: {fix}" if fix else f"{where}: {reason}; check the path and the disk, then run again"
+    return " ".join(text.split())

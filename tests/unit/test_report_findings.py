@@ -1,0 +1,58 @@
+"""The report's opening sentences and its manifest list, on hand-built summary rows and manifests."""
+
+from kvroute.report.findings import cliff_sentence, findings, findings_html
+from kvroute.report.manifest import manifest_html
+
+ROW = {"model": "m", "press": "snapkv", "regime": "agnostic", "alpha_star": 0.7123, "alpha_star_ci": [0.65, 0.78],
+       "alpha_star_identified": "identified", "alpha_star_interval": "[0.650, 0.780]", "alpha_half": 0.7,
+       "alpha_half_ci": [0.5, 0.85], "safe_ratio": 0.25, "ger_within_verdict": "raises H",
+       "ger_or_per_tenth": 2.254, "ger_or_per_tenth_ci": [1.45, 11.35]}
+
+
+def test_a_cliff_in_words_carries_each_interval():
+    assert cliff_sentence(ROW) == ("cliff at α* = 0.712 [0.650, 0.780]; halfway crossing 0.700 [0.50, 0.85]; "
+                                   "safe ratio 0.25; evicting the answer at the same ratio: raises H, OR 2.25 [1.45, 11.35]")
+
+
+def test_an_open_interval_says_which_end_is_not_identified():
+    row = {**ROW, "alpha_star_ci": None, "alpha_star_identified": "open_below",
+           "alpha_star_interval": "(open, 0.823]: the lower end is not identified — 18% of replicates below the grid",
+           "alpha_half_ci": None, "alpha_half_identified": "open_above",
+           "alpha_half_interval": "[0.500, open): the upper end is not identified — 30% beyond"}
+    text = cliff_sentence(row)
+    assert "α* = 0.712, interval (open, 0.823] (lower end not identified)" in text
+    assert "halfway crossing 0.700, interval [0.500, open) (upper end not identified)" in text
+    assert "18%" not in text  # the long explanation stays in the cliff table
+
+
+def test_no_cliff_no_safe_ratio_and_no_ger_link():
+    row = {"model": "m", "press": "p", "alpha_star": None, "cliff_status": "flat", "safe_ratio": None}
+    assert cliff_sentence(row) == "no cliff located (flat); no safe ratio"
+
+
+def test_findings_label_regimes_only_when_there_are_several_and_escape_names():
+    rows = [ROW, {**ROW, "regime": "aware", "press": "<b>p</b>"}]
+    labels = [label for label, _ in findings({"headline": rows})]
+    assert labels == ["m · snapkv (agnostic)", "m · <b>p</b> (aware)"]
+    page = findings_html({"headline": rows, "settings": {"delta": 0.1, "confidence": 0.9}})
+    assert "&lt;b&gt;p&lt;/b&gt;" in page and "<b>p</b>" not in page and "δ = 0.1" in page
+    assert 'class="note"' in findings_html({"headline": [], "notes": {"cliff": "no compressed cells"}})
+
+
+def test_manifest_list_reads_versions_commit_device_and_timings():
+    m = {"name": "demo", "status": "complete", "versions": {"torch": "2.13.0", "kvpress": "0.5.5"},
+         "git": {"commit": "1308fd7", "dirty": True}, "device": {"platform": "Linux", "cpu_count": 2, "torch_threads": 2,
+                                                               "cuda": False, "gpus": []},
+         "sessions": [{"started": "t0", "finished": "t1", "status": "complete", "cells_computed": 10, "seconds": 300,
+                       "backend": "local", "argv": ["demo"]}, {"started": "t2", "seconds": 30.5}],
+         "extra": "<i>x</i>"}
+    page = manifest_html(m)
+    assert "<dt>versions</dt><dd>torch 2.13.0, kvpress 0.5.5</dd>" in page
+    assert "<dt>git commit</dt><dd>1308fd7 (with uncommitted changes)</dd>" in page
+    assert "2 CPUs, 2 torch threads; no GPU" in page
+    assert "2 sessions, 5.5 min of sweeping in all" in page
+    assert "t0 → t1: complete, 10 cells computed in 5.0 min" in page and "t2 → not finished" in page
+    assert "<dt>extra</dt><dd>&lt;i&gt;x&lt;/i&gt;</dd>" in page
+    assert page.index("</dl>") < page.index("<details>") and "&quot;torch&quot;: &quot;2.13.0&quot;" in page
+    assert 'class="note"' in manifest_html(None)
+    assert "<dd>abc</dd>" in manifest_html({"git": "abc", "sessions": "odd"})  # odd shapes: shown, no crash
