@@ -115,3 +115,38 @@ def test_records_carry_the_lens_of_the_gold_and_every_candidate(lm):
     with torch.no_grad():
         logits = lm.model(torch.tensor([prompt.input_ids])).logits[0, -1]
     assert recs[0]["lens_gold_logprob_final"] == pytest.approx(float(torch.log_softmax(logits, -1)[first]), abs=1e-4)
+
+
+def test_sequence_lens_is_the_masked_models_log_likelihood_of_each_sequence(lm):
+    p = _prompt(lm)
+    tok = lm.tokenizer
+    seqs = [tok.encode(t, add_special_tokens=False) for t in (" Ferravik in 1987", " Quenby", " Tobias Vell")]
+    assert max(map(len, seqs)) >= 3 and min(map(len, seqs)) >= 1
+    cells = [Cell("none", 0.0), Cell("knorm", 0.5), Cell("snapkv[window_size=8]", 0.8),
+             Cell("anti_oracle[base=knorm]", 0.9)]
+    ev = list(range(5, 15))
+    eng = Engine(lm, DecodeSettings(max_new_tokens=2))
+    res = eng.run(p, cells, lens_seqs=seqs, evidence=ev)
+    L = lm.model.config.num_hidden_layers
+    # the last layer of each sequence equals the teacher-forced log p(sequence | prompt) under the same
+    # mask, which the engine computes in its question forward for a gold (a separate code path)
+    for j, s in enumerate(seqs):
+        gold = eng.run(p, cells, gold_ids=s, evidence=ev)
+        for a, b in zip(res.outputs, gold.outputs, strict=True):
+            assert a.lens_seq_logprob.shape == (L, len(seqs))
+            assert float(a.lens_seq_logprob[-1, j]) == pytest.approx(b.gold_logprob, abs=1e-3)
+    # the full cache by hand: every layer's lens summed over the sequence's tokens
+    s = seqs[0]
+    with torch.no_grad():
+        ref = lm.model(torch.tensor([p.context_ids + p.question_ids + s]), output_hidden_states=True)
+    n = len(p.context_ids) + len(p.question_ids)
+    for layer in range(1, L):
+        h = ref.hidden_states[layer][0, n - 1 : n - 1 + len(s)]
+        logp = torch.log_softmax(lm.model.lm_head(lm.model.model.norm(h)), -1)
+        want = float(logp[torch.arange(len(s)), torch.tensor(s)].sum())
+        assert float(res.outputs[0].lens_seq_logprob[layer - 1, 0]) == pytest.approx(want, abs=1e-3)
+    # masks change the reading; batching does not
+    assert len({round(float(o.lens_seq_logprob[-1, 0]), 3) for o in res.outputs}) > 1
+    single = Engine(lm, DecodeSettings(max_new_tokens=2, batch_size=1)).run(p, cells, lens_seqs=seqs, evidence=ev)
+    for a, b in zip(res.outputs, single.outputs, strict=True):
+        torch.testing.assert_close(a.lens_seq_logprob, b.lens_seq_logprob, atol=1e-4, rtol=0)

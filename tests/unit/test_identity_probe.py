@@ -261,3 +261,18 @@ def test_a_signal_only_in_the_last_layer_is_read_at_least_as_well_as_the_untrain
     r = identity_probe(items)
     assert r["untrained"] > r["chance"] + 0.3
     assert r["accuracy"] >= r["untrained"] - 0.05 and r["accuracy_low"] > r["chance"] + 0.2
+
+
+@pytest.mark.parametrize(("signal", "nonnegative", "golden"), [
+    # (accuracy, accuracy_low, accuracy_high, p_value, null_folds), computed with the probe as it was
+    # before its solver was batched (scipy L-BFGS-B, one fit at a time); these sets choose the fit at
+    # L2 = 10 and 1, the last-layer readout and the null among them
+    (0.6, True, (0.5833333333333334, 0.43333333333333335, 0.7333333333333333, 4.413550395094536e-05, 0)),
+    (0.35, True, (0.4402777777777777, 0.3214930555555555, 0.5847916666666666, 0.06114413857252323, 1)),
+    (0.35, False, (0.48333333333333334, 0.36666666666666664, 0.6166666666666667, 0.011904375158718051, 0)),
+])
+def test_the_identity_probe_reads_the_same_as_before_its_solver_was_batched(signal, nonnegative, golden):
+    items = _planted(n=60, signal=signal, layers=slice(0, 4), seed=7)  # two rows per instance
+    r = identity_probe(items, groups=[i // 2 for i in range(60)], seed=3, n_boot=500, nonnegative=nonnegative)
+    got = (r["accuracy"], r["accuracy_low"], r["accuracy_high"], r["p_value"], r["null_folds"])
+    assert got == pytest.approx(golden, rel=1e-9, abs=1e-12)

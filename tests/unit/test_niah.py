@@ -83,8 +83,29 @@ def test_registered_family_through_taskspec(tok):
     assert [x.meta["depth"] for x in xs] == [0.4] * 3 and all(x.meta["target_length"] == 300 for x in xs)
     ys = generate_tasks(TaskSpec("niah", n=3, seed=2))  # level 1 length, depth drawn per instance
     assert {y.meta["target_length"] for y in ys} == {500} and len({y.meta["depth"] for y in ys}) == 3
-    with pytest.raises(ConfigError, match="at most 0"):
-        TaskSpec("niah", distractors=2)
+    with pytest.raises(ConfigError, match="at most 8"):
+        TaskSpec("niah", distractors=9)
+
+
+def test_multi_key_needles_are_distractors_that_need_binding():
+    tok = tiny_tokenizer()
+    plain = generate_tasks(TaskSpec("niah", n=4, seed=5, target_tokens=300), tok)
+    multi = generate_tasks(TaskSpec("niah", n=4, seed=5, target_tokens=300, distractors=3), tok)
+    assert generate_tasks(TaskSpec("niah", n=4, seed=5, target_tokens=300, distractors=0), tok) == plain
+    for x, y in zip(plain, multi, strict=True):
+        assert not x.distractors and len(y.distractors) == 3
+        assert y.meta["key"] == x.meta["key"] and y.answers == x.answers  # the asked needle is unchanged
+        keys = y.meta["distractor_keys"]
+        assert len(set(keys)) == 3 and y.meta["key"] not in keys
+        for k, v in zip(keys, y.distractors, strict=True):
+            assert y.context.count(f"The special magic number for {k} is {v}.") == 1
+            assert v != y.answers[0] and y.context.count(v) == 1
+        a, b = y.answer_spans[0]
+        assert y.context[a:b] == y.answers[0]
+        e0, e1 = y.evidence_spans[0]
+        assert y.context[e0:e1] == f"The special magic number for {y.meta['key']} is {y.answers[0]}."
+    with pytest.raises(ConfigError, match="distractors"):
+        NiahSpec(distractors=-1)
 
 
 @pytest.mark.parametrize("layout", ["ruler", "kvpress"])

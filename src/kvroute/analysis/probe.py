@@ -25,6 +25,7 @@ Two probes of the last prompt token, which predicts the first answer token:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import ThreadpoolController
 
 from kvroute.analysis.bootstrap import percentile_interval, resample_weights
 from kvroute.analysis.common import (
@@ -43,9 +45,16 @@ from kvroute.analysis.common import (
     has_columns,
     stack_vectors,
 )
+from kvroute.analysis.condlogit import fit_batch, gold_credit, pad
 
 #: depth bins the identity probe averages the lens over (its number of weights)
 IDENTITY_BINS = 4
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """The loaded BLAS/OpenMP pools, found once (finding them costs milliseconds, a probe's fits less)."""
+    return ThreadpoolController()
 
 
 def linear_probe_macro_f1(X: np.ndarray, y: Sequence[object] | np.ndarray, *, folds: int = 5,
@@ -60,7 +69,6 @@ def linear_probe_macro_f1(X: np.ndarray, y: Sequence[object] | np.ndarray, *, fo
     from sklearn.model_selection import StratifiedKFold
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
-    from threadpoolctl import threadpool_limits
 
     X = np.asarray(X, dtype=float)  # [n, d]
     y = np.asarray(y)  # [n]
@@ -83,7 +91,7 @@ def linear_probe_macro_f1(X: np.ndarray, y: Sequence[object] | np.ndarray, *, fo
     scores = []
     # one BLAS thread: these problems are tiny, and a threaded BLAS on a busy machine spends ~10x
     # longer synchronising than computing (measured: 13 s → 1.4 s for 180 fits)
-    with threadpool_limits(limits=1), warnings.catch_warnings():
+    with _blas().limit(limits=1), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # convergence chatter on tiny folds
         for train, test in cv.split(X, y):
             clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
@@ -170,51 +178,18 @@ def candidate_features(cands: np.ndarray, bins: int = IDENTITY_BINS) -> np.ndarr
     return f - f.mean(0, keepdims=True)
 
 
-def _credit(scores: np.ndarray) -> float:
-    """1 when the gold (entry 0) has the strictly highest score, 1/k when it ties k-way for the top, else 0."""
-    top = scores.max()
-    tied = np.flatnonzero(np.isclose(scores, top, rtol=1e-9, atol=1e-12))
-    return 1.0 / len(tied) if 0 in tied else 0.0
-
-
-def _pad(feats: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Items of ``[n_i, K]`` → ``[N, C, K]`` zero-padded, with the ``[N, C]`` mask of real candidates."""
-    C, K = max(f.shape[0] for f in feats), feats[0].shape[1]
-    X, M = np.zeros((len(feats), C, K)), np.zeros((len(feats), C), bool)
-    for i, f in enumerate(feats):
-        X[i, : len(f)], M[i, : len(f)] = f, True
-    return X, M
-
-
 def fit_conditional_logit(feats: Sequence[np.ndarray], *, l2: float = 1.0, nonnegative: bool = True) -> np.ndarray:
     """Weights ``w [K]`` maximising Σ_i log softmax_c(w · x_ic)[gold = 0] − l2/2 ‖w‖² (features standardised).
 
-    ``feats``: per item ``[n_candidates, K]``, the gold first. Fitted by L-BFGS-B with the exact
-    gradient. ``nonnegative`` (the default) bounds ``w ≥ 0``: the probe may only read a candidate
-    as the answer where the lens makes it *more* likely. Unbounded, it could learn "the answer is
-    the value the model does not predict" — which anti_oracle (it evicts exactly the gold's mentions
-    and keeps the distractors') makes true without any usable evidence.
+    ``feats``: per item ``[n_candidates, K]``, the gold first. Fitted by projected Newton with the
+    exact gradient and Hessian (:func:`kvroute.analysis.condlogit.fit_batch`). ``nonnegative`` (the
+    default) bounds ``w ≥ 0``: the probe may only read a candidate as the answer where the lens
+    makes it *more* likely. Unbounded, it could learn "the answer is the value the model does not
+    predict" — which anti_oracle (it evicts exactly the gold's mentions and keeps the distractors')
+    makes true without any usable evidence.
     """
-    from scipy.optimize import minimize
-
-    X, M = _pad(feats)
-    sd = X[M].std(0)
-    sd = np.where(sd > 0, sd, 1.0)
-    Z = X / sd
-
-    def loss(w: np.ndarray) -> tuple[float, np.ndarray]:
-        s = np.where(M, Z @ w, -np.inf)  # [N, C]
-        m = s.max(1, keepdims=True)
-        e = np.exp(s - m)
-        lse = m[:, 0] + np.log(e.sum(1))
-        p = e / e.sum(1, keepdims=True)  # [N, C]
-        nll = float((lse - s[:, 0]).sum()) + 0.5 * l2 * float(w @ w)
-        grad = np.einsum("nc,nck->k", p, Z) - Z[:, 0].sum(0) + l2 * w
-        return nll, grad
-
-    bounds = [(0.0, None)] * Z.shape[2] if nonnegative else None
-    res = minimize(loss, np.zeros(Z.shape[2]), jac=True, method="L-BFGS-B", bounds=bounds)
-    return res.x / sd
+    X, M = pad(feats)
+    return fit_batch(X, M, np.ones((1, len(X)), bool), [l2], nonnegative=nonnegative)[0]
 
 
 def _bootstrap_mean(values: np.ndarray, groups: np.ndarray, n_boot: int, confidence: float,
@@ -224,7 +199,7 @@ def _bootstrap_mean(values: np.ndarray, groups: np.ndarray, n_boot: int, confide
     sums = np.bincount(inv, weights=values, minlength=len(uniq))
     counts = np.bincount(inv, minlength=len(uniq)).astype(float)
     w = resample_weights(len(uniq), n_boot, rng)
-    lo, hi = percentile_interval((w @ sums) / (w @ counts), confidence)
+    lo, hi = (float(x) for x in percentile_interval((w @ sums) / (w @ counts), confidence))
     est = float(values.mean())  # a constant resample (an abstaining probe: 1/n everywhere) is the estimate, not its rounding
     lo, hi = (min(lo, est) if math.isclose(lo, est, rel_tol=1e-12, abs_tol=1e-15) else lo,
               max(hi, est) if math.isclose(hi, est, rel_tol=1e-12, abs_tol=1e-15) else hi)
@@ -244,41 +219,76 @@ def _instance_folds(groups: np.ndarray, folds: int, rng: np.random.Generator) ->
     return np.array([fold_of[x] for x in groups])
 
 
-def _select_and_fit(feats: Sequence[np.ndarray], groups: np.ndarray, l2s: Sequence[float], nonnegative: bool,
-                    inner_folds: int, rng: np.random.Generator) -> np.ndarray:
-    """Weights chosen by instance-grouped inner cross-validation: the null, the last-layer readout or a fit.
+def _fold_weights(X: np.ndarray, M: np.ndarray, groups: np.ndarray, fold: np.ndarray, folds: int,
+                  l2s: Sequence[float], nonnegative: bool, inner_folds: int, rng: np.random.Generator) -> np.ndarray:
+    """Each outer fold's weights ``[folds, K]``, chosen on its training instances: the null, the last-layer readout or a fit.
 
-    The candidates: the *last-layer readout* (weight only on the last feature: the untrained
-    readout, nothing fitted) and the conditional logit fitted at each L2 strength in ``l2s``.
-    Each is scored by the credit it earns out of fold on the training instances (for the
+    ``X [N, C, K]``, ``M [N, C]``: every item's features, padded (:func:`~kvroute.analysis.condlogit.pad`);
+    ``fold [N]``: the outer fold (0 … ``folds`` − 1) of each item. Per outer fold, the candidates are the *last-layer
+    readout* (weight only on the last feature: the untrained readout, nothing fitted) and the
+    conditional logit fitted at each L2 strength in ``l2s``, each scored by the credit it earns
+    out of fold in an instance-grouped inner cross-validation on the training instances (for the
     last-layer readout that is simply its credit on them). The best is refitted on all of them
     (ties go to the simpler: the readout, then the strongest L2) — but only if its credit beats
     chance there at one-sided z ≥ :data:`IDENTITY_GATE_Z`; otherwise the *null* (``w = 0``: every
-    candidate ties, each item earns exactly 1 / n — chance). Returns the weights.
+    candidate ties, each item earns exactly 1 / n — chance).
+
+    All inner fits (outer fold × inner fold × L2) are one batched solve and the refits another;
+    the inner folds are drawn from ``rng`` outer fold by outer fold, and the credits summed in
+    the order a fold-by-fold loop would sum them, so the choice is that loop's to the last bit.
     """
-    K = feats[0].shape[1]
+    N, _, K = X.shape
     last = np.zeros(K)
     last[-1] = 1.0
-    n_inst = len(np.unique(groups))
-    p = np.array([1.0 / f.shape[0] for f in feats])
-    sd = math.sqrt(float((p * (1 - p)).sum()))
-    score = {"last": sum(_credit(f @ last) for f in feats)}
-    if n_inst >= 2:
-        inner = _instance_folds(groups, min(inner_folds, n_inst), rng)
-        for lam in sorted(l2s, reverse=True):
-            score[lam] = 0.0
-        for f in np.unique(inner):
-            tr, te = np.flatnonzero(inner != f), np.flatnonzero(inner == f)
-            for lam in sorted(l2s, reverse=True):
-                w = fit_conditional_logit([feats[j] for j in tr], l2=lam, nonnegative=nonnegative)
-                score[lam] += sum(_credit(feats[j] @ w) for j in te)
-    order = list(score)
-    best = max(order, key=lambda k: (score[k], -order.index(k)))  # the first (simplest) of the best
-    if sd == 0 or (score[best] - p.sum()) / sd < IDENTITY_GATE_Z:
-        return np.zeros(K)
-    if best == "last":
-        return last
-    return fit_conditional_logit(feats, l2=float(best), nonnegative=nonnegative)
+    lams = sorted(l2s, reverse=True)
+    n_cand = M.sum(1)
+    last_credit = gold_credit(X[:, :, -1], M).tolist()  # the readout's credit per item
+    # the inner problems: (outer fold, inner fold, L2), with the items they train on and are scored on
+    trains, probs = [], []
+    inner_of: list[np.ndarray | None] = []
+    for f in range(folds):
+        tr = np.flatnonzero(fold != f)
+        n_inst = len(np.unique(groups[tr]))
+        inner = _instance_folds(groups[tr], min(inner_folds, n_inst), rng) if n_inst >= 2 else None
+        inner_of.append(inner)
+        trains.append(tr)
+        if inner is None:
+            continue
+        for fi in np.unique(inner):
+            for lam in lams:
+                probs.append((f, lam, tr[inner != fi], tr[inner == fi]))
+    inner_credit = np.zeros((0, N))
+    if probs:
+        A = np.zeros((len(probs), N), bool)
+        for b, (_, _, fit_on, _) in enumerate(probs):
+            A[b, fit_on] = True
+        W = fit_batch(X, M, A, [lam for _, lam, _, _ in probs], nonnegative=nonnegative)  # [B, K]
+        inner_credit = gold_credit(np.einsum("nck,bk->bnc", X, W), M)  # [B, N]
+    weights = np.zeros((folds, K))
+    refit: list[tuple[int, float]] = []
+    for f in range(folds):
+        tr = trains[f]
+        score: dict[str | float, float] = {"last": sum(last_credit[j] for j in tr)}
+        if inner_of[f] is not None:
+            for lam in lams:
+                score[lam] = 0.0
+            for b, (fb, lam, _, te) in enumerate(probs):
+                if fb == f:
+                    score[lam] += sum(inner_credit[b, te].tolist())
+        p = 1.0 / n_cand[tr]
+        sd = math.sqrt(float((p * (1 - p)).sum()))
+        order = list(score)
+        best = max(order, key=lambda k: (score[k], -order.index(k)))  # the first (simplest) of the best
+        if sd == 0 or (score[best] - p.sum()) / sd < IDENTITY_GATE_Z:
+            continue  # the null
+        if best == "last":
+            weights[f] = last
+        else:
+            refit.append((f, float(best)))
+    if refit:
+        A = np.stack([fold != f for f, _ in refit])
+        weights[[f for f, _ in refit]] = fit_batch(X, M, A, [lam for _, lam in refit], nonnegative=nonnegative)
+    return weights
 
 
 def identity_probe(candidates: Sequence[np.ndarray], groups: Sequence[object] | None = None, *,
@@ -347,26 +357,24 @@ def identity_probe(candidates: Sequence[np.ndarray], groups: Sequence[object] | 
     if len(uniq) < folds:
         raise AnalysisError(f"too few instances ({len(uniq)}) for {folds}-fold cross-validation of the identity probe; "
                             "use more instances or fewer folds")
-    l2s = (float(l2),) if np.isscalar(l2) else tuple(float(x) for x in l2)
+    l2s = tuple(float(x) for x in np.atleast_1d(np.asarray(l2, dtype=float)))  # a strength or several
     if not l2s:
         raise AnalysisError("l2 must name at least one strength")
     rng = np.random.default_rng(seed)
     fold = _instance_folds(g, folds, rng)
-    feats = [candidate_features(m, bins) for m in mats]
-    credit = np.zeros(len(mats))
-    null_folds = 0
-    for f in range(folds):
-        tr = np.flatnonzero(fold != f)
-        w = _select_and_fit([feats[j] for j in tr], g[tr], l2s, nonnegative, max(2, folds - 1), rng)
-        null_folds += int(not np.any(np.abs(w) > 1e-12))  # no readout beat chance: pure ties
-        for j in np.flatnonzero(fold == f):
-            credit[j] = _credit(feats[j] @ w)
-    untrained = np.array([_credit(m[:, -1]) for m in mats])
+    X, M = pad([candidate_features(m, bins) for m in mats])  # [N, C, K], [N, C]
+    # one BLAS thread: these problems are tiny, and a threaded BLAS on a busy machine spends far
+    # longer synchronising than computing (L-BFGS-B here took 4 s on an idle machine, 22–99 s busy)
+    with _blas().limit(limits=1):
+        W = _fold_weights(X, M, g, fold, folds, l2s, nonnegative, max(2, folds - 1), rng)  # [folds, K]
+        null_folds = int((~(np.abs(W) > 1e-12).any(1)).sum())  # no readout beat chance: pure ties
+        credit = gold_credit(np.einsum("nck,fk->fnc", X, W), M)[fold, np.arange(len(mats))]  # [N]
+        untrained = gold_credit(pad([m[:, -1:] for m in mats])[0][..., 0], M)  # the last layer's argmax  [N]
+        lo, hi = _bootstrap_mean(credit, g, n_boot, confidence, rng)
+        ulo, uhi = _bootstrap_mean(untrained, g, n_boot, confidence, rng)
     p_chance = np.array([1.0 / m.shape[0] for m in mats])
     var = float((p_chance * (1 - p_chance)).sum())
     z = (credit.sum() - p_chance.sum()) / math.sqrt(var) if var > 0 else float("nan")
-    lo, hi = _bootstrap_mean(credit, g, n_boot, confidence, rng)
-    ulo, uhi = _bootstrap_mean(untrained, g, n_boot, confidence, rng)
     return {"accuracy": float(credit.mean()), "accuracy_low": lo, "accuracy_high": hi,
             "chance": float(p_chance.mean()), "p_value": float(0.5 * math.erfc(z / math.sqrt(2))),
             "untrained": float(untrained.mean()), "untrained_low": ulo, "untrained_high": uhi,

@@ -53,6 +53,10 @@ class CellOutput:
     # model's own logits), one column per requested ``lens_ids`` token: log-prob, and rank (0 = top-1)
     lens_logprob: torch.Tensor | None = None  # [L, n_ids] float32
     lens_rank: torch.Tensor | None = None  # [L, n_ids] int64
+    # the whole of each requested ``lens_seqs`` token sequence, teacher-forced after the prompt: per layer,
+    # the sum over its tokens of the lens log-prob of each token at the position before it (the last
+    # layer: the model's own log-likelihood of the sequence under this cell's mask)
+    lens_seq_logprob: torch.Tensor | None = None  # [L, n_seqs] float32
 
 
 def _stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:
@@ -111,6 +115,76 @@ def logit_lens(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: t
     return torch.stack(lps, dim=1), torch.stack(ranks, dim=1)
 
 
+def _lens_targets(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: torch.Tensor,
+                  targets: torch.Tensor, chunk: int = 2**24) -> torch.Tensor:
+    """Lens log-prob of ``targets [N]`` at N positions, every layer: ``[N, L]`` float32.
+
+    ``hidden``: L + 1 entries of ``[N, d]`` (embeddings first, the last already normed), ``final_logits``
+    ``[N, V]``: the model's own logits there. Rows are processed in chunks of about ``chunk`` logits.
+    """
+    get_head: Any = getattr(model, "get_output_embeddings", None)
+    norm, head = _final_norm(model), get_head() if callable(get_head) else None
+    if head is None:
+        raise EngineError(f"{type(model).__name__} has no output embeddings; the logit lens needs the unembedding")
+    config: Any = model.config
+    cap = getattr(getattr(config, "text_config", config), "final_logit_softcapping", None)
+    N, V = final_logits.shape
+    step = max(1, chunk // max(V, 1))
+    out = torch.empty(N, len(hidden) - 1, dtype=torch.float32, device=final_logits.device)
+    for a in range(0, N, step):
+        t = targets[a : a + step].unsqueeze(-1)
+        for layer in range(1, len(hidden)):
+            if layer == len(hidden) - 1:
+                logits = final_logits[a : a + step].float()
+            else:
+                logits = head(norm(hidden[layer][a : a + step])).float()
+                if cap:
+                    logits = torch.tanh(logits / cap) * cap
+            out[a : a + step, layer - 1] = torch.log_softmax(logits, dim=-1).gather(-1, t)[:, 0]
+    return out
+
+
+def _sequence_lens(model: nn.Module, cache: SuffixCache, ctx: MaskedContext, question_len: int,
+                   first: torch.Tensor, seqs: list[list[int]]) -> torch.Tensor:
+    """Per cell, per layer, the lens log-likelihood of each of ``seqs`` teacher-forced after the question.
+
+    ``cache`` holds the question's suffix K/V of the B cells (its first ``question_len`` entries are
+    used, nothing is written to it) and ``ctx`` their masks; ``first [B, L, S]``: the lens log-prob
+    of each sequence's first token at the last prompt token (read from the question forward). The
+    rest of each sequence is fed in one forward of B·S rows, each row a copy of its cell's suffix
+    cache and mask (the shared context is not copied), right-padded (causal, so padding changes
+    nothing before it). Returns ``[B, L, S]``.
+    """
+    B, L, S = first.shape
+    M = max(len(s) for s in seqs) - 1
+    if M == 0:
+        return first
+    device = first.device
+    rows = torch.arange(B, device=device).repeat_interleave(S)  # row b·S + j: cell b, sequence j
+    sub = SuffixCache(L, B * S, cache.k[0].shape[1], cache.k[0].shape[3], question_len + M, cache.context_len,
+                      cache.k[0].dtype, device)
+    for layer in range(L):
+        sub.k[layer][:, :, :question_len] = cache.k[layer][:, :, :question_len].index_select(0, rows)
+        sub.v[layer][:, :, :question_len] = cache.v[layer][:, :, :question_len].index_select(0, rows)
+    sub.lens = [question_len] * L
+    inputs = torch.tensor([(s[:-1] + [s[-1]] * M)[:M] for s in seqs], device=device)  # [S, M]
+    targets = torch.tensor([(s[1:] + [s[-1]] * M)[:M] for s in seqs], device=device)  # [S, M]
+    valid = torch.tensor([[j < len(s) - 1 for j in range(M)] for s in seqs], device=device)  # [S, M]
+    saved = ctx.keep, ctx.on_probs
+    ctx.keep, ctx.on_probs = ctx.keep.index_select(0, rows), None
+    try:
+        pos = torch.arange(cache.context_len + question_len, cache.context_len + question_len + M, device=device)
+        res = model(input_ids=inputs.repeat(B, 1), past_key_values=sub, position_ids=pos.unsqueeze(0).expand(B * S, -1),
+                    cache_position=pos, use_cache=True, output_hidden_states=True)
+    finally:
+        ctx.keep, ctx.on_probs = saved
+    sel = valid.repeat(B, 1)  # [B·S, M]
+    lp = _lens_targets(model, [h[sel] for h in res.hidden_states], res.logits[sel], targets.repeat(B, 1)[sel])
+    total = torch.zeros(B * S, L, dtype=torch.float32, device=device)
+    total.index_add_(0, sel.nonzero()[:, 0], lp)  # sum over each row's positions
+    return first + total.view(B, S, L).transpose(1, 2)
+
+
 def _stack_layers(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
     """Per-layer captures ``[b, H, K]`` stacked to ``[b, L, H, K]``; every layer must have reported."""
     missing = [i for i, t in enumerate(per_layer) if t is None]
@@ -123,25 +197,33 @@ def _stack_layers(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
 def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_ids: Sequence[int],
                  masks: Sequence[KeepMask], *, gold_ids: Sequence[int] | None = None,
                  track: Mapping[str, Sequence[int]] | None = None, lens_ids: Sequence[int] | None = None,
+                 lens_seqs: Sequence[Sequence[int]] | None = None,
                  settings: DecodeSettings = DecodeSettings()) -> list[CellOutput]:
     """Decode every mask in ``masks`` (batched by ``settings.batch_size``); results in the same order.
 
     ``tokenizer`` (a transformers tokenizer, or None for no text) decodes the generated tokens.
     ``lens_ids``: token ids whose logit-lens log-prob and rank at the last prompt token are
     recorded per layer (``CellOutput.lens_logprob`` / ``lens_rank``; see :func:`logit_lens`).
+    ``lens_seqs``: token sequences (non-empty) whose whole-sequence lens log-likelihood after the
+    prompt is recorded per layer (``CellOutput.lens_seq_logprob``; one extra forward of the
+    sequences' tokens, every sequence for every cell).
     """
     if len(question_ids) == 0:
         raise EngineError("the question part of the prompt is empty; the engine needs at least one suffix token")
+    seqs = [list(s) for s in (lens_seqs or [])]
+    if any(not s for s in seqs):
+        raise EngineError("lens_seqs must be non-empty token sequences")
     out: list[CellOutput] = []
     for i in range(0, len(masks), settings.batch_size):
         out.extend(_decode_batch(model, tokenizer, pre, list(question_ids), masks[i : i + settings.batch_size],
-                                 list(gold_ids or []), track or {}, settings, list(lens_ids or [])))
+                                 list(gold_ids or []), track or {}, settings, list(lens_ids or []), seqs))
     return out
 
 
 def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],
                   masks: Sequence[KeepMask], gold: list[int], track: Mapping[str, Sequence[int]],
-                  settings: DecodeSettings, lens_ids: list[int] | None = None) -> list[CellOutput]:
+                  settings: DecodeSettings, lens_ids: list[int] | None = None,
+                  lens_seqs: list[list[int]] | None = None) -> list[CellOutput]:
     device = pre.keys[0].device
     B, T, Q, G = len(masks), pre.num_tokens, len(question), len(gold)
     L = len(pre.keys)
@@ -151,6 +233,7 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             raise EngineError(f"KeepMask shape {m.shape} does not match the prefill ({L}, {Hkv}, {T})")
     keep = torch.stack([m.mask.to(device) for m in masks])  # [B, L, Hkv, T]
     cache = SuffixCache(L, B, Hkv, D, Q + max(G, settings.max_new_tokens) + 1, T, pre.keys[0].dtype, device)
+    lens_seqs = lens_seqs or []
     stop = _stop_ids(model, tokenizer)
     track_idx = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in track.items()}
 
@@ -181,7 +264,7 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
         pos = torch.arange(T, T + Q + G, device=device)
         res = model(input_ids=ids, past_key_values=cache, position_ids=pos.unsqueeze(0).expand(B, -1),
                     cache_position=pos, use_cache=True, logits_to_keep=G + 1,
-                    output_hidden_states=capture or bool(lens_ids))
+                    output_hidden_states=capture or bool(lens_ids) or bool(lens_seqs))
         logits = res.logits  # [B, G + 1, V]: positions Q-1 … Q+G-1
         if G:
             logp = torch.log_softmax(logits[:, :G].float(), dim=-1)  # [B, G, V]
@@ -197,6 +280,12 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             lens_lp, lens_rank = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0], lens_ids)
             for b in range(B):
                 results[b].lens_logprob, results[b].lens_rank = lens_lp[b], lens_rank[b]
+        if lens_seqs:
+            firsts = [s[0] for s in lens_seqs]
+            first_lp, _ = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0], firsts)
+            seq_lp = _sequence_lens(model, cache, ctx, Q, first_lp, lens_seqs)  # [B, L, S]
+            for b in range(B):
+                results[b].lens_seq_logprob = seq_lp[b]
         if settings.keep_logits:
             for b in range(B):
                 results[b].logits = logits[b].float().clone()

@@ -97,7 +97,8 @@ class Engine:
     def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
             captures: Sequence[PrefillCapture] = (), decode_full: bool = True,
-            lens_ids: Sequence[int] | None = None, cell_errors: bool = False) -> EngineResult:
+            lens_ids: Sequence[int] | None = None, lens_seqs: Sequence[Sequence[int]] | None = None,
+            cell_errors: bool = False) -> EngineResult:
         """Prefill ``prompt.context_ids`` once, then decode every cell (plus the full cache) in batches.
 
         ``decode_full=False`` skips the full-cache reference when no cell keeps everything (answers
@@ -106,7 +107,8 @@ class Engine:
         ``evidence``: evidence token positions inside the context (needed by oracle controls);
         ``track``: named sets of prompt positions whose attention mass from each generated token is
         recorded; ``gold_ids``: the gold answer's tokens, teacher-forced for its log-probability;
-        ``lens_ids``: tokens whose per-layer logit lens at the last prompt token is recorded.
+        ``lens_ids``: tokens whose per-layer logit lens at the last prompt token is recorded;
+        ``lens_seqs``: token sequences whose per-layer lens log-likelihood after the prompt is recorded.
 
         ``cell_errors=True``: a cell that fails with one of :data:`kvroute.errors.CELL_ERRORS` (its
         press's precondition or scoring, its mask, its decode) is left out — ``result.errors[i]`` holds
@@ -124,7 +126,8 @@ class Engine:
                 errors[i] = error_reason(e)
         ctx_ids, q_ids = list(prompt.context_ids), list(prompt.question_ids)
         T = len(ctx_ids)
-        total = T + len(q_ids) + max(self.settings.max_new_tokens, len(gold_ids or []))
+        total = T + len(q_ids) + max(self.settings.max_new_tokens, len(gold_ids or []),
+                                     max((len(x) for x in lens_seqs or ()), default=0))
         window = self.lm.info.context_window
         if window and total > window:
             raise PromptTooLongError(
@@ -172,7 +175,7 @@ class Engine:
         todo = [i for i in range(len(cells)) if i in cell_key and i not in errors]
         with_full = decode_full or any(i not in cell_key and i not in errors for i in range(len(cells)))
         lead = [full] if with_full else []
-        kw: dict[str, Any] = dict(gold_ids=gold_ids, track=track, lens_ids=lens_ids)
+        kw: dict[str, Any] = dict(gold_ids=gold_ids, track=track, lens_ids=lens_ids, lens_seqs=lens_seqs)
         try:
             outs = self._decode(pre, q_ids, lead + [m for i in todo if (m := masks[i]) is not None], **kw)
         except CELL_ERRORS:

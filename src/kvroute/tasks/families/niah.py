@@ -16,6 +16,9 @@ haystack's tokens (0 = first sentence, 1 = after the last).
 The needle (default ``"The special magic number for {key} is {value}."``) gets a fictional key
 (e.g. ``frost-heron``) and a random 7-digit value; the question asks for the key's value. The
 answer span is the value inside the needle, the evidence span is the needle sentence.
+``distractors=k`` (RULER's multi-key variant) adds k more needles with other keys and other
+values at other, seeded sentence boundaries; their values are the instance's ``distractors``, so
+answering takes binding the asked key to its value, not finding the one number in the text.
 ``meta`` records ``depth`` and ``target_length`` (the grid cell), ``depth_realised``,
 ``context_tokens`` and ``tokens_counted_with``, so reports can group by depth × length.
 """
@@ -43,6 +46,7 @@ NEEDLE = "The special magic number for {key} is {value}."
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
 ANSWER_PREFIX = "The special magic number for {key} mentioned in the provided text is"
 _LEVEL_LENGTH = {1: 500, 2: 2000, 3: 8000}
+MAX_DISTRACTORS = 8
 _SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
 
@@ -57,6 +61,7 @@ class NiahSpec:
         seed: generator seed; the same spec and tokenizer always give the same bytes.
         haystack: a UTF-8 text file, or ``None`` for the shipped essays.
         needle / question / answer_prefix: templates with ``{key}`` (and ``{value}`` in the needle).
+        distractors: needles with other keys and values (multi-key NIAH); 0 = the single needle.
     """
 
     lengths: tuple[int, ...] = (1000,)
@@ -67,6 +72,7 @@ class NiahSpec:
     needle: str = NEEDLE
     question: str = QUESTION
     answer_prefix: str = ANSWER_PREFIX
+    distractors: int = 0
 
     def __post_init__(self) -> None:
         def need(ok: bool, fld: str, msg: str) -> None:
@@ -80,6 +86,8 @@ class NiahSpec:
         need(bool(self.depths) and all(0.0 <= d <= 1.0 for d in self.depths), "depths", "must be numbers in [0, 1]")
         need(_is_int(self.n) and self.n >= 1, "n", "must be a positive integer")
         need(_is_int(self.seed) and self.seed >= 0, "seed", "must be a non-negative integer")
+        need(_is_int(self.distractors) and 0 <= self.distractors <= MAX_DISTRACTORS, "distractors",
+             f"must be an integer in [0, {MAX_DISTRACTORS}]")
         need(_fields(self.needle) == {"key", "value"} and self.needle.count("{value}") == 1, "needle",
              "must contain {key} and exactly one {value}, and no other {...} fields")
         need(_fields(self.question) == {"key"}, "question", "must contain {key} (and not {value})")
@@ -142,7 +150,16 @@ def niah_instance(spec: NiahSpec, *, length: int, depth: float, index: int, coun
     key = f"{rng.choice(CREATURE_HEADS)}-{rng.choice(CREATURE_TAILS)}"
     value = str(rng.randrange(1_000_000, 10_000_000))
     needle = spec.needle.format(key=key, value=value)
-    budget = length - count(needle)
+    # multi-key distractor needles: their own generator, so the single-needle instances stay byte-identical
+    drng = random.Random(f"kvroute/niah/{spec.seed}/{length}/{depth}/{index}/distractors")
+    others: list[tuple[str, str]] = []  # (key, value) of each distractor needle
+    while len(others) < spec.distractors:
+        k = f"{drng.choice(CREATURE_HEADS)}-{drng.choice(CREATURE_TAILS)}"
+        v = str(drng.randrange(1_000_000, 10_000_000))
+        if k != key and k not in {o[0] for o in others} and v != value and v not in {o[1] for o in others}:
+            others.append((k, v))
+    extra = [spec.needle.format(key=k, value=v) for k, v in others]
+    budget = length - count(needle) - sum(count(" " + x) for x in extra)
     pieces: list[tuple[str, bool]] = []
     tokens: list[int] = []
     total = 0
@@ -159,10 +176,19 @@ def niah_instance(spec: NiahSpec, *, length: int, depth: float, index: int, coun
     for t in tokens:
         cum.append(cum[-1] + t)
     at = min(range(len(cum)), key=lambda i: (abs(cum[i] - depth * total), i))
+    # each distractor needle at a seeded boundary other than the needle's (several may share one)
+    slots = [i for i in range(len(cum)) if i != at] or [at]
+    placed: dict[int, list[str]] = {}
+    for x in extra:
+        placed.setdefault(drng.choice(slots), []).append(x)
     parts: list[str] = []
     answer = evidence = (0, 0)
     pos = 0
     for i in range(len(pieces) + 1):
+        for x in placed.get(i, []) if i != at else []:
+            sep = " " if parts else ""
+            parts.append(sep + x)
+            pos += len(sep) + len(x)
         if i == at:
             sep = " " if parts else ""
             start = pos + len(sep)
@@ -171,24 +197,31 @@ def niah_instance(spec: NiahSpec, *, length: int, depth: float, index: int, coun
             answer = (v, v + len(value))
             parts.append(sep + needle)
             pos += len(sep) + len(needle)
+            for x in placed.get(i, []):  # the only boundary (a haystack of nothing): after the needle
+                parts.append(" " + x)
+                pos += 1 + len(x)
         if i < len(pieces):
             sent, para = pieces[i]
             sep = ("\n\n" if para else " ") if parts else ""
             parts.append(sep + sent)
             pos += len(sep) + len(sent)
     context = "".join(parts)
-    if context.count(value) != 1:  # pragma: no cover - a user haystack that contains the drawn value
-        raise ConfigError(f"niah: the haystack already contains the value {value}; use another seed")
+    for v in (value, *(o[1] for o in others)):
+        if context.count(v) != 1:  # pragma: no cover - a user haystack that contains a drawn value
+            raise ConfigError(f"niah: the haystack already contains the value {v}; use another seed")
     meta: dict[str, Any] = {"target_length": length, "depth": depth,
                             "depth_realised": round(cum[at] / total, 4) if total else 0.0,
                             "context_tokens": count(context), "tokens_counted_with": count.name,
                             "haystack": spec.haystack_name, "key": key, "index": index,
                             "answer_prefix_template": spec.answer_prefix.format(key=key)}
+    if others:
+        meta["distractor_keys"] = [o[0] for o in others]
     if difficulty is not None:
         meta["difficulty"] = difficulty
     return TaskInstance.create(
         family="niah", version=VERSION, seed=spec.seed, context=context, question=spec.question.format(key=key),
-        answers=[value], unanswerable=False, answer_spans=[answer], evidence_spans=[evidence], distractors=[],
+        answers=[value], unanswerable=False, answer_spans=[answer], evidence_spans=[evidence],
+        distractors=[o[1] for o in others],
         answer_type="Numeral", question_type="Standard", meta=meta)
 
 
@@ -218,8 +251,11 @@ class Niah(Family):
     levels = {k: f"about {v} tokens of haystack" for k, v in _LEVEL_LENGTH.items()}
     answer_types = ("Numeral",)
     question_types = ("Standard",)
-    max_distractors = 0
+    max_distractors = MAX_DISTRACTORS
     always_filler = True
+
+    def level_distractors(self, difficulty: int) -> int:
+        return 0  # the single needle at every level; ask for multi-key needles with ``distractors``
 
     def draft(self, rng: random.Random, spec: TaskSpec, *, answer_type: str, question_type: str,
               unanswerable: bool, distractors: int) -> Draft:  # pragma: no cover - niah lays out its own text
@@ -229,7 +265,7 @@ class Niah(Family):
         if spec.family != self.name:
             raise ConfigError(f"spec is for family {spec.family!r}, not {self.name!r}")
         length = spec.target_tokens or _LEVEL_LENGTH[spec.difficulty]
-        niah = NiahSpec(lengths=(length,), seed=spec.seed)
+        niah = NiahSpec(lengths=(length,), seed=spec.seed, distractors=spec.distractors or 0)
         count = TokenCounter(tokenizer)
         for i in range(spec.n):
             depth = spec.depth if spec.depth is not None else round(
