@@ -255,7 +255,8 @@ def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, 
     report = build_report(df, run_dir / "report", manifest=load_manifest(run_dir), title="kvroute demo study",
                           survival=load_survival(survival) if survival else None,
                           config=AnalysisConfig(n_boot=report_boot), tickets=load_tickets(run_dir),
-                          ticket_images=[(f"Token-route lottery ticket {p.stem}.", p.read_bytes()) for p in pngs])
+                          ticket_images=[(f"Token-route lottery ticket {p.stem}.", p.read_bytes()) for p in pngs],
+                          progress=progress)
     seconds["report"] = time.perf_counter() - t2
     seconds["total"] = time.perf_counter() - t0
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
