@@ -351,10 +351,9 @@ def sweep(
             overrides.append(f"{key}={json.dumps(values)}")
     if max_new_tokens is not None:
         overrides.append(f"decoding.max_new_tokens={max_new_tokens}")
-    from kvroute.sweep.driver import BACKENDS
+    from kvroute.sweep.driver import check_backend
 
-    if backend not in BACKENDS:
-        raise KvrouteError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    check_backend(backend)  # before --dry-run, which plans without running
     if new_settings and not resume:
         raise KvrouteError("--new-settings adds settings to an existing run; use it with --resume")
     cfg = load_sweep_config(config, overrides)

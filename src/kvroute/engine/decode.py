@@ -82,6 +82,16 @@ def _final_norm(model: nn.Module) -> nn.Module:
                       "the logit lens needs it — drop the 'lens' metric for this model")
 
 
+def _lens_head(model: nn.Module) -> tuple[nn.Module, nn.Module, float | None]:
+    """The logit lens's pieces: the final norm, the unembedding and the final logit soft-cap (None without one)."""
+    get_head: Any = getattr(model, "get_output_embeddings", None)
+    norm, head = _final_norm(model), get_head() if callable(get_head) else None
+    if head is None:
+        raise EngineError(f"{type(model).__name__} has no output embeddings; the logit lens needs the unembedding")
+    config: Any = model.config
+    return norm, head, getattr(getattr(config, "text_config", config), "final_logit_softcapping", None)
+
+
 def logit_lens(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: torch.Tensor,
                ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob and rank of each of ``ids`` under the logit lens of every layer, at one position.
@@ -93,12 +103,7 @@ def logit_lens(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: t
     (final logit soft-capping applied when the config has one). Returns ``[B, L, n]`` float32 log-probs
     and ``[B, L, n]`` int64 ranks (number of vocabulary entries strictly more likely; 0 = top-1).
     """
-    get_head: Any = getattr(model, "get_output_embeddings", None)
-    norm, head = _final_norm(model), get_head() if callable(get_head) else None
-    if head is None:
-        raise EngineError(f"{type(model).__name__} has no output embeddings; the logit lens needs the unembedding")
-    config: Any = model.config
-    cap = getattr(getattr(config, "text_config", config), "final_logit_softcapping", None)
+    norm, head, cap = _lens_head(model)
     idx = torch.as_tensor(list(ids), dtype=torch.long, device=final_logits.device)
     lps, ranks = [], []
     for layer in range(1, len(hidden)):
@@ -122,12 +127,7 @@ def _lens_targets(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits
     ``hidden``: L + 1 entries of ``[N, d]`` (embeddings first, the last already normed), ``final_logits``
     ``[N, V]``: the model's own logits there. Rows are processed in chunks of about ``chunk`` logits.
     """
-    get_head: Any = getattr(model, "get_output_embeddings", None)
-    norm, head = _final_norm(model), get_head() if callable(get_head) else None
-    if head is None:
-        raise EngineError(f"{type(model).__name__} has no output embeddings; the logit lens needs the unembedding")
-    config: Any = model.config
-    cap = getattr(getattr(config, "text_config", config), "final_logit_softcapping", None)
+    norm, head, cap = _lens_head(model)
     N, V = final_logits.shape
     step = max(1, chunk // max(V, 1))
     out = torch.empty(N, len(hidden) - 1, dtype=torch.float32, device=final_logits.device)
@@ -276,14 +276,15 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             last = _stack_layers(last_rows)  # [B, L, H, T + Q]
             for b in range(B):
                 results[b].last_attention, results[b].hidden = last[b], hs[b].float()
+        if lens_ids or lens_seqs:  # one lens pass at the last prompt token: lens_ids, then each sequence's first token
+            n = len(lens_ids or [])
+            lens_lp, lens_rank = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0],
+                                            [*(lens_ids or []), *(s[0] for s in lens_seqs)])
         if lens_ids:
-            lens_lp, lens_rank = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0], lens_ids)
             for b in range(B):
-                results[b].lens_logprob, results[b].lens_rank = lens_lp[b], lens_rank[b]
+                results[b].lens_logprob, results[b].lens_rank = lens_lp[b, :, :n], lens_rank[b, :, :n]
         if lens_seqs:
-            firsts = [s[0] for s in lens_seqs]
-            first_lp, _ = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0], firsts)
-            seq_lp = _sequence_lens(model, cache, ctx, Q, first_lp, lens_seqs)  # [B, L, S]
+            seq_lp = _sequence_lens(model, cache, ctx, Q, lens_lp[:, :, n:], lens_seqs)  # [B, L, S]
             for b in range(B):
                 results[b].lens_seq_logprob = seq_lp[b]
         if settings.keep_logits:

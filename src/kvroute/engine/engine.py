@@ -10,7 +10,8 @@ from typing import Any, Protocol
 
 from kvroute.engine.decode import CellOutput, DecodeSettings, decode_cells
 from kvroute.engine.prefill import PrefillCapture, PrefillResult, ScoreRequest, prefill
-from kvroute.errors import CELL_ERRORS, EngineError, PromptTooLongError, error_reason
+from kvroute.engine.window import check_tokens
+from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.presses import KeepMask, Press, build_press, check_ratio
 
 log = logging.getLogger(__name__)
@@ -126,14 +127,9 @@ class Engine:
                 errors[i] = error_reason(e)
         ctx_ids, q_ids = list(prompt.context_ids), list(prompt.question_ids)
         T = len(ctx_ids)
-        total = T + len(q_ids) + max(self.settings.max_new_tokens, len(gold_ids or []),
-                                     max((len(x) for x in lens_seqs or ()), default=0))
-        window = self.lm.info.context_window
-        if window and total > window:
-            raise PromptTooLongError(
-                f"prompt of {T + len(q_ids)} tokens plus {self.settings.max_new_tokens} new tokens exceeds "
-                f"{self.lm.name}'s context window of {window}"
-            )
+        # the answer part: generated tokens, or a longer teacher-forced gold or lens sequence
+        check_tokens(self.lm, T + len(q_ids), max(self.settings.max_new_tokens, len(gold_ids or []),
+                                                  max((len(x) for x in lens_seqs or ()), default=0)))
         if T == 0:
             raise EngineError("the compressible part of the prompt is empty")
         requests, cell_key = self._requests(cells, errors)

@@ -48,8 +48,3 @@ class Param:
             why = f" ({self.why})" if self.why else ""
             raise ConfigError(f"{kind} {name!r}: parameter {key} must be {self.describe(integer)}{why}, got {value!r}")
 
-
-FINITE = Param()
-NON_NEGATIVE = Param(lo=0)
-POSITIVE_INT = Param(lo=1)
-FRACTION = Param(lo=0, hi=1)

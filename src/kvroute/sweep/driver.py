@@ -26,7 +26,7 @@ from kvroute.errors import ConfigError, StoreError
 from kvroute.progress import SILENT, Progress
 from kvroute.sweep.config import SweepConfig
 from kvroute.sweep.grid import count_cells, expand, pending
-from kvroute.sweep.manifest import finish_session, start_session
+from kvroute.sweep.manifest import finish_session, read_manifest, start_session
 from kvroute.sweep.store import Store, check_integrity
 from kvroute.sweep.tasks import resolve_tasks, write_task_sets
 
@@ -114,8 +114,6 @@ def check_resume_settings(run_dir: str | Path, config: SweepConfig, *, new_setti
     one raises :class:`~kvroute.errors.ConfigError` naming the keys that differ, unless
     ``new_settings`` (``--new-settings``) asks to add the new setting explicitly.
     """
-    from kvroute.sweep.manifest import read_manifest
-
     manifest = read_manifest(run_dir)
     if not manifest:
         return
@@ -139,6 +137,12 @@ def check_resume_settings(run_dir: str | Path, config: SweepConfig, *, new_setti
                       "--new-settings to add these settings to the run on purpose")
 
 
+def check_backend(backend: str) -> None:
+    """Raise :class:`~kvroute.errors.ConfigError` unless ``backend`` is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+
+
 def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local", resume: bool = False,
               ray_address: str | None = None, progress: Progress = SILENT, retry_errors: bool = False,
               new_settings: bool = False) -> SweepOutcome:
@@ -148,8 +152,7 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
     A resume with settings that change results is refused unless ``new_settings``
     (:func:`check_resume_settings`); a damaged store is refused (``PRAGMA quick_check``).
     """
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     if backend == "ray":
         from kvroute.sweep.ray_backend import _import_ray
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from kvroute.errors import ConfigError, StoreError
-from kvroute.files import atomic_write
-from kvroute.sweep.store import read_records
+from kvroute.files import atomic_write, check_output_file
+from kvroute.sweep.store import check_integrity, read_records
 
 FORMATS = ("parquet", "csv")
 ORDER = "model, regime, seed, instance_id, press != 'none', press, ratio"
@@ -141,8 +141,6 @@ def export_records(run_dir: str | Path, fmt: str = "parquet", out: str | Path | 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise StoreError(f"no such run directory: {run_dir}")
-    from kvroute.sweep.store import check_integrity
-
     check_integrity(run_dir)
     try:
         records = read_records(run_dir, order=ORDER)
@@ -151,8 +149,6 @@ def export_records(run_dir: str | Path, fmt: str = "parquet", out: str | Path | 
             raise
         records = read_records(run_dir)
     path = Path(out) if out is not None else run_dir / f"records.{fmt}"
-    from kvroute.files import check_output_file
-
     check_output_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "csv":

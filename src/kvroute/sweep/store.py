@@ -194,10 +194,6 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def check(self) -> None:
-        """SQLite's ``PRAGMA quick_check`` on the open store (:class:`StoreError` naming the file when damaged)."""
-        quick_check(self.con, self.path)
-
     # reading ------------------------------------------------------------------------------------
     def keys(self) -> set[str]:
         return {k for (k,) in self.con.execute(f"SELECT key FROM {TABLE}")}
