@@ -11,7 +11,10 @@ probe oracle > random > anti_oracle; readings of the output (accuracy, the logit
 first token, the untrained identity readout) oracle above both, random and anti_oracle unordered (random
 also evicts the instruction and template, which anti_oracle keeps); and with every evidence token
 gone (anti_oracle at 0.95) the identity probe must fall to chance. A probe can only rank presses on
-a model that can tell the answer from its distractors at the full cache: the table's first row says. The script runs
+a model that can tell the answer from its distractors at the full cache: the table's first row says,
+and where the full cache's identity probe is itself at chance the identity orderings are reported as
+undecidable (?) rather than held or failed; the closing line gives the full-cache model's own choice
+among the candidates (its whole-sequence likelihood) with its interval. The script runs
 the sweep (resumable, into --run-dir), reads the records back through the analysis, prints one
 table, checks each expected ordering and writes results/mask_controls.md.
 """
@@ -70,18 +73,50 @@ def main() -> int:
              + ", ".join(f"`{p}`" for p in PRESSES) + ". Means over instances; the identity probe's 95% interval "
              "is its instance bootstrap; chance is the mean of 1 / (number of candidate values).", "",
              *_markdown(table), "", "Expected orderings:", ""]
-    lines += [f"- {'✔' if ok else '✘'} {text}" for text, ok in checks]
-    n_bad = sum(not ok for _, ok in checks)
-    lines += ["", f"{len(checks) - n_bad} of {len(checks)} orderings hold." + (
+    lines += [f"- {MARK[ok]} {text}" for text, ok in checks]
+    n_bad = sum(ok is False for _, ok in checks)
+    n_und = sum(ok is None for _, ok in checks)
+    n_dec = len(checks) - n_und
+    lines += ["", f"{n_dec - n_bad} of {n_dec} decidable orderings hold" + (
+        f"; {n_und} undecidable (?) on this model." if n_und else ".") + (
         " A failed ordering is a reading that does not follow the evidence on this model; read it before trusting"
         " that reading." if n_bad else "")]
+    choice = model_choice(df)
+    if choice:
+        lines += ["", choice]
     print("\n".join(lines))
     if not args.no_write_results:
         write("mask_controls" if args.model == "smollm2-135m" else f"mask_controls_{args.model}", lines)
     return 0
 
 
-def readings(df: pd.DataFrame, ident: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, bool]]]:
+MARK = {True: "✔", False: "✘", None: "?"}
+#: readings that can only rank presses where the full cache itself tells the answer from its distractors
+IDENTITY_COLS = {"identity_accuracy", "identity_untrained"}
+
+
+def model_choice(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> str | None:
+    """One sentence: how often the full-cache model's own likelihood picks the gold among the candidates."""
+    col = "lens_seq_identity_top1"
+    base = df[(df["ratio"] == 0)].drop_duplicates("instance_id") if col in df else df.iloc[:0]
+    v = pd.to_numeric(base[col], errors="coerce").dropna().to_numpy() if len(base) else np.zeros(0)
+    if not len(v):
+        return None
+    n_c = pd.to_numeric(base.loc[base[col].notna(), "lens_seq_n_candidates"], errors="coerce").to_numpy()
+    rng = np.random.default_rng(seed)
+    boot = rng.choice(v, size=(n_boot, len(v))).mean(1)
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    chance = float(np.mean(1 / n_c))
+    verdict = ("at chance: the uncompressed model does not bind the answer to its question here, so the identity "
+               "orderings are undecidable (?) — a rise under oracle can come from evicting the distractors' "
+               "mentions (oracle keeps the evidence first) rather than from usable evidence"
+               if lo <= chance else "above chance")
+    return (f"Full cache, the model's own choice (whole-sequence log-likelihood of each candidate value, "
+            f"`lens_seq_identity_top1`): the gold is the most likely candidate in {v.mean():.3f} of {len(v)} "
+            f"instances (95% bootstrap [{lo:.3f}, {hi:.3f}]) against chance {chance:.3f} — {verdict}.")
+
+
+def readings(df: pd.DataFrame, ident: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, bool | None]]]:
     rows = []
     base = df[df["ratio"] == 0]
     for (press, ratio), g in df[df["ratio"] > 0].groupby(["press", "ratio"]):
@@ -90,7 +125,11 @@ def readings(df: pd.DataFrame, ident: pd.DataFrame) -> tuple[pd.DataFrame, list[
         first = df.loc[df["ratio"] > 0, "press"].iloc[0] if (df["ratio"] > 0).any() else None
         rows.insert(0, _row("none (full cache)", 0.0, base.drop_duplicates("instance_id"), _ident(ident, first, 0.0)))
     t = pd.DataFrame(rows)
-    checks: list[tuple[str, bool]] = []
+    checks: list[tuple[str, bool | None]] = []
+    # the identity orderings are decidable only where the full cache reads the answer above chance
+    full = t[t["press"] == "none (full cache)"]
+    identity_decidable = bool(len(full) and "identity_low" in full
+                              and float(full["identity_low"].iloc[0]) > float(full["identity_chance"].iloc[0]))
 
     def at(press: str, ratio: float, col: str) -> float:
         v = t[(t["press"] == press) & (t["ratio"] == ratio)][col]
@@ -120,6 +159,10 @@ def readings(df: pd.DataFrame, ident: pd.DataFrame) -> tuple[pd.DataFrame, list[
             else:
                 ok = (sign * o >= sign * r >= sign * a) and sign * o > sign * a
                 text = f"α = {ratio}: {label}: oracle {o:.3f} {rel} random {r:.3f} {rel} anti_oracle {a:.3f}"
+            if col in IDENTITY_COLS and not identity_decidable:
+                text += " — undecidable: the full cache's identity probe is itself at chance"
+                checks.append((text, None))
+                continue
             checks.append((text, ok))
     if "identity_accuracy" in t:
         row = t[(t["press"] == "anti_oracle") & (t["ratio"] == 0.95)]
@@ -160,6 +203,8 @@ def _row(press: str, ratio: float, g: pd.DataFrame, res: dict) -> dict:
         out["lens_gold_logprob_last"] = pd.to_numeric(g["lens_gold_logprob_final"], errors="coerce").mean()
     if "lens_gold_rank_final" in g:
         out["lens_gold_rank_last_median"] = pd.to_numeric(g["lens_gold_rank_final"], errors="coerce").median()
+    if "lens_seq_identity_top1" in g:
+        out["model_choice"] = pd.to_numeric(g["lens_seq_identity_top1"], errors="coerce").mean()
     if "routed_z" in g:
         out["routed_z_median"] = pd.to_numeric(g["routed_z"], errors="coerce").median()
     if res:

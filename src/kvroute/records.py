@@ -97,6 +97,15 @@ METRIC_FIELDS: dict[str, str] = {
     "lens_candidates_dropped": "distractors left out because their first token equals a kept candidate's",
     "lens_identity_top1": "untrained identity readout: the gold's first token beats every distractor's at the last "
                           "layer (1, 1/k on a k-way tie, else 0); null with fewer than 2 candidates",
+    "lens_candidates_seq": "[n_candidates][L] sequence lens: per layer, the log-likelihood of each candidate value's "
+                           "whole in-context token sequence teacher-forced after the prompt under the cell's mask (the "
+                           "final norm and unembedding applied to every layer's hidden states; last layer = the model's "
+                           "own log-likelihood), the gold first, then every distinct distractor (answer-identity probe input)",
+    "lens_seq_n_candidates": "number of candidates in lens_candidates_seq (gold + every distinct distractor)",
+    "lens_seq_identity_top1": "the model's own choice: the gold's whole-sequence log-likelihood (last layer) beats every "
+                              "distractor's (1, 1/k on a k-way tie, else 0); null with fewer than 2 candidates",
+    "lens_gold_seq_logprob_final": "log-likelihood of the gold's whole in-context token sequence after the prompt under "
+                                   "the cell's mask (last layer of lens_candidates_seq)",
     "consensus_nosink_mean": "mean over layers of consensus_nosink",
     "rho_nosink_mean": "mean over layers of rho_nosink",
 }

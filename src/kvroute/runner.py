@@ -131,12 +131,14 @@ def _run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regim
         rollout = EvidenceRollout.for_prompt(prompt, ev, settings=settings.metric, seed=seed,
                                              doc_range=document_range(lm.tokenizer, prompt, instance))
     track = {"evidence": ev} if ("attention" in needs and ev) else None
-    # the logit lens reads the first in-context token of the gold and of each distractor
+    # the logit lens reads the first in-context token of the gold and of each distractor; the sequence
+    # lens the whole of each candidate
     gold = gold_ids(lm.tokenizer, instance, prompt) if needs & {"gold", "lens"} else None
     cands = answer_candidates(lm.tokenizer, prompt, instance, gold) if "lens" in needs else None
     result = engine.run(prompt, cells, gold_ids=gold if "gold" in needs else None,
                         evidence=ev, track=track, seed=seed, captures=[rollout] if rollout else [],
-                        lens_ids=list(cands.ids) if cands else None, cell_errors=True)
+                        lens_ids=list(cands.ids) if cands else None,
+                        lens_seqs=[list(s) for s in cands.seqs] if cands else None, cell_errors=True)
     return records_from_result(instance, prompt, result, regime=regime, seed=seed, settings=settings,
                                model_name=model_name, group_size=lm.info.group_size,
                                evidence_share=rollout.shares() if rollout else None,

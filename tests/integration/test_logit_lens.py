@@ -117,6 +117,32 @@ def test_records_carry_the_lens_of_the_gold_and_every_candidate(lm):
     assert recs[0]["lens_gold_logprob_final"] == pytest.approx(float(torch.log_softmax(logits, -1)[first]), abs=1e-4)
 
 
+def test_records_carry_the_sequence_lens_of_every_distinct_candidate(lm):
+    """The sequence lens keeps every distinct candidate (none dropped for a shared first token), the gold
+    first, and its last layer is the masked model's own log-likelihood of the gold: the record's
+    ``gold_logprob``, which the engine computes by teacher forcing in a separate code path."""
+    from kvroute.metrics.representation import answer_candidates
+
+    inst = _instance()
+    settings = RunSettings(max_new_tokens=3)
+    cells = [Cell("none", 0.0), Cell("knorm", 0.5), Cell("anti_oracle[base=knorm]", 0.9)]
+    recs = run_instance(Engine(lm, settings.decode_settings()), inst, cells, settings=settings)
+    L = lm.model.config.num_hidden_layers
+    prompt = build_prompt(lm.tokenizer, inst)
+    cands = answer_candidates(lm.tokenizer, prompt, inst, gold_ids(lm.tokenizer, inst, prompt))
+    assert cands.seq_texts == ("Ferravik", *inst.distractors) and len(set(cands.seqs)) == 4
+    assert cands.seqs[0] == tuple(gold_ids(lm.tokenizer, inst, prompt))
+    for r in recs:
+        assert r["lens_seq_n_candidates"] == 4 and len(r["lens_candidates_seq"]) == 4
+        assert all(len(c) == L for c in r["lens_candidates_seq"])
+        assert r["lens_gold_seq_logprob_final"] == r["lens_candidates_seq"][0][-1]
+        assert r["lens_gold_seq_logprob_final"] == pytest.approx(r["gold_logprob"], abs=1e-3)
+        finals = [c[-1] for c in r["lens_candidates_seq"]]
+        assert r["lens_seq_identity_top1"] == (1.0 if finals[0] > max(finals[1:]) else 0.0)
+    # the mask changes the reading
+    assert len({round(r["lens_gold_seq_logprob_final"], 3) for r in recs}) > 1
+
+
 def test_sequence_lens_is_the_masked_models_log_likelihood_of_each_sequence(lm):
     p = _prompt(lm)
     tok = lm.tokenizer

@@ -276,3 +276,17 @@ def test_the_identity_probe_reads_the_same_as_before_its_solver_was_batched(sign
     r = identity_probe(items, groups=[i // 2 for i in range(60)], seed=3, n_boot=500, nonnegative=nonnegative)
     got = (r["accuracy"], r["accuracy_low"], r["accuracy_high"], r["p_value"], r["null_folds"])
     assert got == pytest.approx(golden, rel=1e-9, abs=1e-12)
+
+
+def test_identity_by_ratio_prefers_the_sequence_lens_and_falls_back_to_the_first_token_lens():
+    informative, flat = _records({0.5: 1.5}), _records({0.5: 0.0})
+    df = flat.copy()
+    df["lens_candidates_seq"] = informative["lens_candidates"]  # the whole sequences tell the gold apart
+    seq = identity_by_ratio(df, n_boot=200).iloc[0]
+    assert seq.input == "lens_candidates_seq" and seq.accuracy_low > seq.chance + 0.2
+    assert seq.n_candidates_dropped == 0  # the sequence lens drops no candidate
+    first = identity_by_ratio(df, "lens_candidates", n_boot=200).iloc[0]
+    assert first.input == "lens_candidates" and first.accuracy_low <= first.chance <= first.accuracy_high
+    # a store made before the sequence lens (the column absent, or all null) reads the first-token lens
+    old = identity_by_ratio(df.assign(lens_candidates_seq=None), n_boot=200).iloc[0]
+    assert old.input == "lens_candidates" and old.accuracy == first.accuracy

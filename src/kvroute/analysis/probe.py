@@ -4,8 +4,11 @@ Two probes of the last prompt token, which predicts the first answer token:
 
 * **Answer identity** (:func:`identity_probe`, :func:`identity_by_ratio`) — the probe that counts.
   Which of the instance's candidate values (the gold answer vs its distractors) is the answer,
-  read from the logit lens (``lens_candidates``: per candidate, the log-prob of its first
-  in-context token under the final norm + unembedding of every layer). A conditional-logit probe
+  read from the sequence lens (``lens_candidates_seq``: per candidate, the log-likelihood of its
+  whole in-context token sequence after the prompt under the final norm + unembedding of every
+  layer; every distinct distractor is a candidate), or, in stores made before it, from the
+  first-token lens (``lens_candidates``: the log-prob of each candidate's first token; distractors
+  sharing a first token dropped). A conditional-logit probe
   — softmax over one instance's candidates of ``w · x_c``, with a few weights shared by all
   candidates and instances (``x_c``: the candidate's lens log-prob averaged over ``bins``
   contiguous depth bins, weights ≥ 0 so that only "more likely" can mean "the answer") — is
@@ -385,10 +388,26 @@ IDENTITY_COLUMNS = ("accuracy", "accuracy_low", "accuracy_high", "chance", "p_va
                     "untrained_high", "n", "n_instances", "folds", "null_folds")
 
 
-def identity_by_ratio(df: pd.DataFrame, col: str = "lens_candidates", *, keys: Sequence[str] = PRESS_KEYS,
+#: the identity probe's inputs, preferred first: the whole-sequence lens (every distinct candidate), then
+#: the first-token lens (candidates sharing a first token dropped; stores made before the sequence lens)
+IDENTITY_INPUTS = ("lens_candidates_seq", "lens_candidates")
+
+
+def identity_input(df: pd.DataFrame) -> str | None:
+    """The column the identity probe reads: the first of :data:`IDENTITY_INPUTS` with any value (None if none)."""
+    for col in IDENTITY_INPUTS:
+        if col in df and df[col].notna().any():
+            return col
+    return None
+
+
+def identity_by_ratio(df: pd.DataFrame, col: str | None = None, *, keys: Sequence[str] = PRESS_KEYS,
                       folds: int = 5, bins: int = IDENTITY_BINS, n_boot: int = 1000, confidence: float = 0.95,
                       seed: int = 0) -> pd.DataFrame:
     """The answer-identity probe per (group, ratio), with the exclusions counted and the lens beside it.
+
+    ``col``: the candidate matrices read (default :func:`identity_input`: the sequence lens when the
+    records have it, else the first-token lens); the ``input`` column says which.
 
     Unanswerable items (``n_excluded_unanswerable``) and items with fewer than two distinguishable
     candidates (``n_excluded_no_distractor``; ``n_candidates_dropped`` counts the distractors left
@@ -400,14 +419,16 @@ def identity_by_ratio(df: pd.DataFrame, col: str = "lens_candidates", *, keys: S
     """
     keys = list(keys)
     cols = [*keys, "ratio", *IDENTITY_COLUMNS, "n_excluded_unanswerable", "n_excluded_no_distractor",
-            "n_candidates_dropped", "mean_candidates", "lens_logprob_final", "lens_top1", "exact", "note"]
-    if not has_columns(df, [col]):
+            "n_candidates_dropped", "mean_candidates", "lens_logprob_final", "lens_top1", "exact", "input", "note"]
+    col = col or identity_input(df)
+    if col is None or not has_columns(df, [col]):
         return pd.DataFrame(columns=cols)
     data = attach_baseline(df)
     data = data[data[col].notna()]
     rows = []
     for key, grp in data.groupby([*keys, "ratio"], sort=True):
-        row: dict[str, object] = {**as_key([*keys, "ratio"], key), **dict.fromkeys(IDENTITY_COLUMNS, np.nan), "note": ""}
+        row: dict[str, object] = {**as_key([*keys, "ratio"], key), **dict.fromkeys(IDENTITY_COLUMNS, np.nan),
+                                  "input": col, "note": ""}
         mats = [_candidate_matrix(v) for v in grp[col]]
         unans = (grp["unanswerable"].fillna(False).astype(bool).to_numpy() if "unanswerable" in grp
                  else np.zeros(len(grp), bool))
@@ -415,7 +436,7 @@ def identity_by_ratio(df: pd.DataFrame, col: str = "lens_candidates", *, keys: S
         row["n_excluded_unanswerable"] = int(unans.sum())
         row["n_excluded_no_distractor"] = int((~usable & ~unans).sum())
         row["n_candidates_dropped"] = (int(pd.to_numeric(grp["lens_candidates_dropped"], errors="coerce").fillna(0).sum())
-                                       if "lens_candidates_dropped" in grp else 0)
+                                       if col == "lens_candidates" and "lens_candidates_dropped" in grp else 0)
         kept = [m for m, u in zip(mats, usable, strict=True) if u and m is not None]
         row["mean_candidates"] = float(np.mean([m.shape[0] for m in kept])) if kept else np.nan
         for name, src, fn in (("lens_logprob_final", "lens_gold_logprob_final", lambda s: s.mean()),

@@ -9,12 +9,16 @@ Three readings of the last prompt token (the one that predicts the first answer 
 * The **logit lens** (the probes that can fail when the evidence is gone): per layer ℓ the final norm
   and unembedding applied to h_ℓ (the engine computes it, see :func:`kvroute.engine.decode.logit_lens`),
   read at the first in-context token of the gold answer (``lens_gold_*``) and of every candidate value
-  of the instance (gold first, then its distractors: ``lens_candidates``), which feeds the
-  answer-identity probe of :mod:`kvroute.analysis.probe`.
+  of the instance (gold first, then its distractors: ``lens_candidates``), and the **sequence lens**
+  (``lens_candidates_seq``): per layer, the log-likelihood of each candidate's whole token sequence,
+  teacher-forced after the prompt under the cell's mask (at the last layer it is the compressed
+  model's own likelihood of that answer). Both feed the answer-identity probe of
+  :mod:`kvroute.analysis.probe`, which prefers the sequence lens.
 
-Candidates are told apart by their first in-context token only; a distractor whose first token equals
-the gold's (or an earlier kept distractor's) cannot be, so it is dropped and counted
-(``lens_candidates_dropped``).
+The first-token lens tells candidates apart by their first in-context token only; a distractor whose
+first token equals the gold's (or an earlier kept distractor's) cannot be, so it is dropped there and
+counted (``lens_candidates_dropped``). The sequence lens keeps every distinct candidate
+(``lens_seq_n_candidates``).
 """
 
 from __future__ import annotations
@@ -36,12 +40,15 @@ class LensCandidates:
     ``texts[0]`` is the gold answer (``"I don't know"`` on an unanswerable item), the rest are the
     instance's distractors that survived; ``ids[i]`` is the first token of ``texts[i]`` as the model
     would generate it right after the prompt (distinct); ``dropped`` are the distractors whose first
-    token coincided with a kept candidate's.
+    token coincided with a kept candidate's. ``seq_texts`` / ``seqs`` are every distinct candidate (the
+    gold first, no first-token drops) and its whole token sequence, for the sequence lens.
     """
 
     texts: tuple[str, ...]
     ids: tuple[int, ...]
     dropped: tuple[str, ...] = ()
+    seq_texts: tuple[str, ...] = ()
+    seqs: tuple[tuple[int, ...], ...] = ()
 
 
 def answer_candidates(tokenizer: Any, prompt: Any, instance: Any,
@@ -57,19 +64,25 @@ def answer_candidates(tokenizer: Any, prompt: Any, instance: Any,
     from kvroute.tasks.prompt import answer_ids
 
     gold = IDK if instance.unanswerable else instance.answers[0]
-    first = list(gold_ids)[0] if gold_ids else answer_ids(tokenizer, prompt, gold)[0]
+    gold_seq = tuple(gold_ids) if gold_ids else tuple(answer_ids(tokenizer, prompt, gold))
     golds = {normalize_answer(a) for a in instance.answers}
-    texts, ids, dropped = [gold], [first], []
+    texts, ids, dropped = [gold], [gold_seq[0]], []
+    seq_texts, seqs = [gold], [gold_seq]
     for d in dict.fromkeys(instance.distractors):
         if normalize_answer(d) in golds:
             continue
-        t = answer_ids(tokenizer, prompt, d)[0]
-        if t in ids:
+        seq = tuple(answer_ids(tokenizer, prompt, d))
+        if not seq:
+            continue
+        if seq not in seqs:
+            seq_texts.append(d)
+            seqs.append(seq)
+        if seq[0] in ids:
             dropped.append(d)
         else:
             texts.append(d)
-            ids.append(t)
-    return LensCandidates(tuple(texts), tuple(ids), tuple(dropped))
+            ids.append(seq[0])
+    return LensCandidates(tuple(texts), tuple(ids), tuple(dropped), tuple(seq_texts), tuple(seqs))
 
 
 def hidden_cosine(h: torch.Tensor, h_full: torch.Tensor) -> list[float]:
@@ -86,7 +99,8 @@ def identity_credit(scores: Sequence[float]) -> float:
 
 LENS_FIELDS = ("lens_gold_logprob", "lens_gold_rank", "lens_gold_logprob_final", "lens_gold_rank_final",
                "lens_gold_logprob_delta", "lens_top1_layer", "lens_candidates", "lens_n_candidates",
-               "lens_candidates_dropped", "lens_identity_top1")
+               "lens_candidates_dropped", "lens_identity_top1", "lens_candidates_seq", "lens_seq_n_candidates",
+               "lens_seq_identity_top1", "lens_gold_seq_logprob_final")
 
 
 def lens_fields(ctx: CellContext) -> dict[str, Any]:
@@ -108,6 +122,12 @@ def lens_fields(ctx: CellContext) -> dict[str, Any]:
         "lens_candidates": lp.T.tolist(), "lens_n_candidates": n, "lens_candidates_dropped": len(cands.dropped),
         "lens_identity_top1": identity_credit(lp[-1].tolist()) if n >= 2 else None,
     })
+    seq = ctx.output.lens_seq_logprob  # [L, S]: columns follow cands.seqs, the gold first
+    if seq is not None and cands.seqs:
+        seq = seq.float()
+        out.update({"lens_candidates_seq": seq.T.tolist(), "lens_seq_n_candidates": len(cands.seqs),
+                    "lens_seq_identity_top1": identity_credit(seq[-1].tolist()) if len(cands.seqs) >= 2 else None,
+                    "lens_gold_seq_logprob_final": float(seq[-1, 0])})
     return out
 
 
