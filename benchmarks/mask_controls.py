@@ -7,7 +7,8 @@ At a matched budget (same ratio, per-head top-k, so every (layer, KV head) keeps
 entries) the oracle keeps the evidence first, anti_oracle evicts it first and random keeps a random
 subset. Whatever a reading measures about the evidence must put them in that order: GER (evicted
 answer tokens) oracle < random < anti_oracle; direct and routed reachability and the answer-identity
-probe oracle > random > anti_oracle; readings of the output (accuracy, the logit lens of the gold's
+probe oracle > random > anti_oracle (the probe, which has intervals, fails only where an ordering is
+reversed beyond them: random and anti_oracle both at chance are expected to tie); readings of the output (accuracy, the logit lens of the gold's
 first token, the untrained identity readout) oracle above both, random and anti_oracle unordered (random
 also evicts the instruction and template, which anti_oracle keeps); and with every evidence token
 gone (anti_oracle at 0.95) the identity probe must fall to chance. A probe can only rank presses on
@@ -156,6 +157,16 @@ def readings(df: pd.DataFrame, ident: pd.DataFrame) -> tuple[pd.DataFrame, list[
                 ok = sign * o >= sign * r and sign * o > sign * a
                 text = (f"α = {ratio}: {label}: oracle {o:.3f} {rel} random {r:.3f} and > anti_oracle {a:.3f} "
                         "(output reading: random and anti_oracle not ordered)")
+            elif col == "identity_accuracy":
+                # the probe has instance-bootstrap intervals: a weak inequality between two presses fails only
+                # when it is reversed beyond them (random and anti_oracle both at chance are expected to tie)
+                lo = {p: at(p, ratio, "identity_low") for p in ("oracle", "random", "anti_oracle")}
+                hi = {p: at(p, ratio, "identity_high") for p in ("oracle", "random", "anti_oracle")}
+                ok = hi["oracle"] >= lo["random"] and hi["random"] >= lo["anti_oracle"] and lo["oracle"] > hi["anti_oracle"]
+                text = (f"α = {ratio}: {label}: oracle {o:.3f} [{lo['oracle']:.3f}, {hi['oracle']:.3f}] ≥ random {r:.3f} "
+                        f"[{lo['random']:.3f}, {hi['random']:.3f}] ≥ anti_oracle {a:.3f} [{lo['anti_oracle']:.3f}, "
+                        f"{hi['anti_oracle']:.3f}] (95% intervals: fails only where reversed beyond them; oracle above "
+                        "anti_oracle beyond them)")
             else:
                 ok = (sign * o >= sign * r >= sign * a) and sign * o > sign * a
                 text = f"α = {ratio}: {label}: oracle {o:.3f} {rel} random {r:.3f} {rel} anti_oracle {a:.3f}"
