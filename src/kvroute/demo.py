@@ -39,8 +39,24 @@ DEMO_LENGTHS = ((160, 6), (320, 6), (640, 6), (1600, 4))
 SURVIVAL_PRESS, SURVIVAL_RATIO = "expected_attention+adakv", 0.9
 
 
+def check_demo_options(*, scale: float = 1.0, tickets: int = 0, report_boot: int = 1000) -> None:
+    """Refuse options the demo would silently bend (a negative scale runs one instance per family)."""
+    import math
+
+    from kvroute.errors import ConfigError
+
+    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
+        raise ConfigError(f"--scale {scale}: give a positive number (0.25 for a quick look, 1 for the full demo)")
+    if tickets < 0:
+        raise ConfigError(f"--tickets {tickets}: give 0 (no ticket search) or a positive number")
+    if report_boot < 1:
+        raise ConfigError(f"--n-boot {report_boot}: give a positive number of bootstrap replicates")
+
+
 def demo_config(models: Sequence[str], *, scale: float = 1.0, seed: int = 0) -> dict[str, Any]:
     """The sweep config (as a mapping) of the demo; ``scale`` multiplies the instance counts."""
+    check_demo_options(scale=scale)
+
     def n(k: int) -> int:
         return max(1, round(k * scale))
 
@@ -219,6 +235,7 @@ def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, 
     from kvroute.report.heatmap import load_survival
     from kvroute.sweep import plan_sweep, run_sweep, sweep_config_from_mapping
 
+    check_demo_options(scale=scale, tickets=tickets, report_boot=report_boot)
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     cfg = sweep_config_from_mapping(demo_config(models, scale=scale), source="kvroute demo")

@@ -30,13 +30,29 @@ class UnknownNameError(KvrouteError, KeyError):
         if close:
             msg += f"; did you mean {' or '.join(repr(c) for c in close)}?"
         if self.choices:
-            msg += f" Known {plural or kind + 's'}: {', '.join(self.choices)}."
+            msg += f" Known {plural or plural_of(kind)}: {', '.join(self.choices)}."
         if hint:
             msg += f" {hint}"
         super().__init__(msg)
 
     def __str__(self) -> str:  # KeyError would quote the message otherwise
         return str(self.args[0])
+
+
+def plural_of(noun: str) -> str:
+    """English plural of a (possibly multi-word) noun: family → families, strategy → strategies, box → boxes."""
+    head, _, last = noun.rpartition(" ")
+    if len(last) > 1 and last.endswith("y") and last[-2].lower() not in "aeiou":
+        last = last[:-1] + "ies"
+    elif last.endswith(("s", "x", "z", "ch", "sh")):
+        last += "es"
+    else:
+        last += "s"
+    return f"{head} {last}" if head else last
+
+
+class Interrupted(KvrouteError):
+    """The user interrupted a command (Ctrl-C); the message says what was kept and how to go on."""
 
 
 class ModelLoadError(KvrouteError):

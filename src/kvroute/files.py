@@ -9,17 +9,24 @@ Three rules every kvroute writer follows:
   bytes go to a temporary file in the same directory, are flushed and fsync'ed, and only then
   renamed over the target. After a crash, a full disk or an exception, the target holds either its
   old bytes or the complete new ones, and the temporary file is gone;
+* a folder of outputs (the report) is written whole by :func:`write_folder`: into a temporary folder
+  next to it, then swapped in with one rename, so a killed report leaves the old folder or the new one;
 * an :class:`OSError` that reaches the CLI becomes one line naming the path and the fix
   (:func:`os_error_message`), not a traceback.
+
+Temporary names carry the writer's pid (``.NAME.PID.XXXX.tmp``): a writer killed with SIGKILL cannot
+remove its own, so the next write of the same target removes those whose process is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +68,49 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name[:60]}.{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, another user's
+        return True
+    return True
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files/folders left next to ``path`` by writers that were killed.
+
+    Only names of this module's pattern (``.NAME.PID.XXXX.tmp``) whose ``PID`` is not a live process
+    are removed; a concurrent writer's temp (its process alive) is left alone. Returns what was removed.
+    """
+    path = Path(path)
+    prefix = f".{path.name[:60]}."
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid_text = name[len(prefix):].split(".", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _pid_alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], mode: str = "w", *, encoding: str | None = "utf-8",
                  newline: str | None = "\n") -> Iterator[IO[Any]]:
@@ -76,7 +126,8 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", *, encoding: str
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name[:60]}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temps(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     tmp = Path(tmp_name)
     try:
         if mode == "wb":
@@ -117,6 +168,95 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     with atomic_write(path, "wb") as f:
         f.write(data)
     return Path(path)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False  # the file system cannot exchange: fall back to two renames
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _is_owned(folder: Path, owned: frozenset[str]) -> bool:
+    """Whether every entry of ``folder`` is one ``write_folder`` would write (so the folder may be swapped whole)."""
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_dir():
+            if not any(o.startswith(rel + "/") for o in owned) and rel not in owned:
+                return False
+        elif rel not in owned and not any(rel.startswith(o.rstrip("*")) and o.endswith("*") for o in owned):
+            return False
+    return True
+
+
+def write_folder(path: str | os.PathLike[str], files: dict[str, bytes], *,
+                 owned: frozenset[str] = frozenset()) -> Path:
+    """Write ``files`` (relative path → bytes) as the folder ``path``, all at once or not at all.
+
+    The files go to a temporary folder next to ``path`` (fsync'ed), which then replaces ``path`` in one
+    rename (an exchange of the two on Linux, so ``path`` never goes missing). A failure or a kill leaves
+    ``path`` as it was. ``owned`` lists what else a folder made by this writer may hold (``"dir/*"``
+    patterns allowed): a ``path`` holding anything beyond ``files`` and ``owned`` (the user pointed it
+    at a folder with other files) is not swapped; each file is then replaced atomically in turn, the
+    last key of ``files`` last, and the other files are kept.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "is a file, not a folder", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir() and not _is_owned(path, frozenset(files) | owned):
+        for rel, data in files.items():
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            write_bytes(path / rel, data)
+        return path
+    remove_stale_temps(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
+    try:
+        for rel, data in files.items():
+            f = tmp / rel
+            f.parent.mkdir(parents=True, exist_ok=True)
+            with open(f, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+        for d in sorted({(tmp / rel).parent for rel in files}, key=lambda p: len(p.parts), reverse=True):
+            _fsync_dir(d)
+        with contextlib.suppress(OSError):  # mkdtemp makes the folder 0700; give it the usual mode
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o777 & ~umask)
+        if not path.exists():
+            os.replace(tmp, path)
+        elif _exchange(tmp, path):  # tmp now holds the old folder
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
+            os.replace(path, old / "old")
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.filename is None:
+            raise type(e)(e.errno, e.strerror, str(path)) from e
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
 
 
 def check_output_file(path: str | os.PathLike[str], option: str = "--out") -> Path:

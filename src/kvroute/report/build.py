@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from kvroute import __version__
 from kvroute.analysis.common import AnalysisError, attach_baseline
 from kvroute.analysis.summary import AnalysisConfig, run_analysis
+from kvroute.files import write_folder
 from kvroute.progress import SILENT, Progress
 from kvroute.report import figures_cliff as fc
 from kvroute.report import figures_extra as fx
@@ -43,6 +44,9 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("fig-routes", "Route-preserving selection against AdaKV and per-head top-k"),
 )
 
+#: what a report folder may hold besides the files one report writes (figures of an earlier report)
+REPORT_FILES = frozenset({"report.html", "summary.json", "figures/*"})
+
 
 def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, Any] | None = None,
                  title: str = "kvroute report", survival: SurvivalExample | None = None,
@@ -55,13 +59,17 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
     keep-masks). Sections whose data are missing say so instead of showing a figure. The page opens
     with the findings in words and the cliff figure; the run manifest closes it. ``progress`` shows
     the analysis and the figures as two stages. Returns the path of ``report.html``.
+
+    Nothing is written until every file is made; then ``out_dir`` is replaced whole
+    (:func:`kvroute.files.write_folder`: a temporary folder next to it, swapped in with one rename), so
+    a report that fails or is killed leaves no half-written folder and an earlier report unchanged.
     """
     cfg = config or AnalysisConfig()
     with progress.task(f"report: analysing {len(df)} records ({cfg.n_boot} bootstrap replicates)", total=None):
         analysis = run_analysis(df, cfg)
     s, t = analysis.summary, analysis.tables
     out = Path(out_dir)
-    (out / "figures").mkdir(parents=True, exist_ok=True)
+    files: dict[str, bytes] = {}  # relative path → bytes, written together at the end
     notes = s["notes"]
 
     def fig(fig_id: str, make: Callable[[], Figure | None], caption: str, missing: str) -> str:
@@ -74,7 +82,7 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
         if f is None:
             return h.note(missing)
         png = png_bytes(f)
-        (out / "figures" / f"{fig_id.removeprefix('fig-')}.png").write_bytes(png)
+        files[f"figures/{fig_id.removeprefix('fig-')}.png"] = png
         return h.figure(fig_id, data_uri(png), caption)
 
     def why(*sections: str) -> str:
@@ -218,9 +226,10 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                ("routes", "Route-preserving selection"), ("redundancy", "Redundancy"), ("tickets", "Lottery tickets"), ("examples", "Example answers"),
                ("notes", "Notes"), ("manifest", "Run manifest")]
     meta = f"kvroute {__version__} · {s['n_records']} records · bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}"
-    (out / "summary.json").write_text(json.dumps(s, indent=2, allow_nan=False, ensure_ascii=False), encoding="utf-8")
+    files["summary.json"] = json.dumps(s, indent=2, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    files["report.html"] = h.page(title, meta, toc, body, opening=opening).encode("utf-8")  # last: the entry point
+    write_folder(out, files, owned=REPORT_FILES)
     path = out / "report.html"
-    path.write_text(h.page(title, meta, toc, body, opening=opening), encoding="utf-8")
     log.info("wrote %s", path)
     return path
 

@@ -104,11 +104,14 @@ def survival_heatmap(keep: np.ndarray, evidence: Sequence[int], *, tokens: Seque
 
 def save_survival(path: str | Path, example: SurvivalExample) -> Path:
     """Write a keep-mask example (bit-packed) to ``path`` (``.npz``), e.g. ``RUN_DIR/masks/NAME.npz``."""
+    from kvroute.files import atomic_write
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(p, keep=np.packbits(example.keep), shape=np.array(example.keep.shape),
-                        evidence=np.array(example.evidence), answer=np.array(list(example.answer), dtype=int),
-                        tokens=np.array(list(example.tokens or []), dtype=str), title=np.array(example.title))
+    with atomic_write(p, "wb") as f:  # a killed writer leaves no half-written .npz for the report to read
+        np.savez_compressed(f, keep=np.packbits(example.keep), shape=np.array(example.keep.shape),
+                            evidence=np.array(example.evidence), answer=np.array(list(example.answer), dtype=int),
+                            tokens=np.array(list(example.tokens or []), dtype=str), title=np.array(example.title))
     return p
 
 

@@ -75,7 +75,8 @@ def _sessions(sessions: Any) -> str:
             lines.append(h.esc(_compact(s)))
             continue
         total += float(s.get("seconds") or 0)
-        text = (f"{s.get('started', '?')} → {s.get('finished') or 'not finished'}: {s.get('status', '?')}, "
+        status = f"{s.get('status', '?')}" + (f" (stale: {s['note']})" if s.get("stale") and s.get("note") else "")
+        text = (f"{s.get('started', '?')} → {s.get('finished') or 'not finished'}: {status}, "
                 f"{s.get('cells_computed', '?')} cells computed"
                 + (f" ({s['cells_errored']} errored)" if s.get("cells_errored") else "")
                 + f" in {_minutes(s.get('seconds'))}, backend {s.get('backend', '?')}"

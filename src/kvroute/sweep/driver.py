@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvroute.errors import ConfigError, StoreError
+from kvroute.errors import ConfigError, StoreError, UnknownNameError
 from kvroute.progress import SILENT, Progress
 from kvroute.sweep.config import SweepConfig
 from kvroute.sweep.grid import count_cells, expand, pending
@@ -138,9 +138,10 @@ def check_resume_settings(run_dir: str | Path, config: SweepConfig, *, new_setti
 
 
 def check_backend(backend: str) -> None:
-    """Raise :class:`~kvroute.errors.ConfigError` unless ``backend`` is one of :data:`BACKENDS`."""
+    """Raise :class:`~kvroute.errors.UnknownNameError` (closest matches named) unless ``backend`` is in :data:`BACKENDS`."""
     if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+        raise UnknownNameError("backend", backend, BACKENDS,
+                               "(ray needs pip install 'kvroute[ray]' and a cluster or a local ray.init())")
 
 
 def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local", resume: bool = False,
@@ -205,8 +206,15 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
             error = f"{type(e).__name__}: {e}"
             raise
         finally:
-            finish_session(run_dir, manifest, status=status, cells_computed=computed,
-                           seconds=time.perf_counter() - t0, error=error, cells_errored=errored)
+            try:
+                finish_session(run_dir, manifest, status=status, cells_computed=computed,
+                               seconds=time.perf_counter() - t0, error=error, cells_errored=errored)
+            except OSError as e:
+                if status == "complete":
+                    raise
+                # the session's own error (a full disk in the store, Ctrl-C) is the one to report; the manifest
+                # keeps "running", which the next resume or report shows as interrupted (mark_stale)
+                log.info("could not record the end of the session in the manifest: %s", e)
         summary = store.summary(config.settings_hash)
         errors = store.errors(config.settings_hash)
     return SweepOutcome(run_dir, total, total - remaining, computed, time.perf_counter() - t0, summary,

@@ -39,8 +39,11 @@ class RunLock:
                                    "finish or use another --out") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": datetime.now(UTC).isoformat(timespec="seconds")}
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(info).encode())
+        try:  # the text only serves another sweep's message: a full disk must not stop this one here
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(info).encode())
+        except OSError:
+            pass
         self._fd = fd
         return self
 

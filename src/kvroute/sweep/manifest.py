@@ -3,6 +3,10 @@
 The manifest is rewritten atomically (temp file + fsync + rename, :func:`kvroute.files.atomic_write`) at the start and the end of every
 session, so it is always valid JSON. A resumed run keeps its first ``started`` time and appends
 one entry per session to ``sessions`` (backend, times, cells computed, how it ended).
+
+A session killed with SIGKILL cannot record how it ended and stays ``"running"``; since one sweep at
+a time holds the run's lock, :func:`mark_stale` shows such a session as ``"interrupted"`` (with
+``"stale": true``) when nothing holds the lock: at the next resume (written) and in reports (in memory).
 """
 
 from __future__ import annotations
@@ -80,10 +84,53 @@ def write_manifest(run_dir: str | Path, data: dict[str, Any]) -> Path:
     return f
 
 
+STALE_NOTE = "the process ended without recording how (killed?); the finished cells are in the store"
+
+
+def lock_is_free(run_dir: str | Path) -> bool:
+    """Whether no sweep holds ``run_dir``'s lock now (no lock file: none ever did)."""
+    import fcntl
+
+    from kvroute.sweep.lock import LOCK_NAME
+
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # drops the shared lock at once
+    return True
+
+
+def mark_stale(manifest: dict[str, Any], run_dir: str | Path | None = None, *, dead: bool = False) -> int:
+    """Mark sessions left ``"running"`` by a killed sweep as ``"interrupted"`` (``stale``); returns how many.
+
+    ``dead=True`` (the caller holds the run's lock, so no other sweep runs) marks every running
+    session; otherwise only when :func:`lock_is_free` says no sweep holds ``run_dir``.
+    """
+    sessions = manifest.get("sessions")
+    running = [s for s in sessions if isinstance(s, dict) and s.get("status") == "running"] \
+        if isinstance(sessions, list) else []
+    top = manifest.get("status") == "running"
+    if not (running or top) or not (dead or (run_dir is not None and lock_is_free(run_dir))):
+        return 0
+    for s in running:
+        s.update(status="interrupted", stale=True, note=STALE_NOTE)
+    if top:
+        manifest["status"] = "interrupted"
+    return len(running) or int(top)
+
+
 def start_session(run_dir: str | Path, *, config: dict[str, Any], backend: str, grid: dict[str, Any],
                   task_files: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the manifest for a session that is starting; returns it (pass it to :func:`finish_session`)."""
     old = read_manifest(run_dir) or {}
+    mark_stale(old, dead=True)  # the caller holds the lock: an earlier "running" session was killed
     sessions = list(old.get("sessions", []))
     sessions.append({"started": now(), "finished": None, "backend": backend, "status": "running",
                      "settings_hash": config.get("settings_hash"), "cells_computed": 0, "pid": os.getpid(),

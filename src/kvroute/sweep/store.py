@@ -30,8 +30,10 @@ the writer. Only the process that holds the run lock (:mod:`kvroute.sweep.lock`)
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import re
 import sqlite3
 import struct
@@ -107,6 +109,30 @@ def decode_value(kind: str, v: Any) -> Any:
     return v
 
 
+#: SQLite's primary result codes that are the disk's doing, as the errno the CLI turns into one line
+_SQLITE_OS_ERRORS = {13: errno.ENOSPC, 8: errno.EROFS, 10: errno.EIO, 14: errno.EACCES}
+
+
+def _disk_full(path: Path) -> bool:
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024
+
+
+def _os_error(e: sqlite3.Error, path: Path) -> OSError | None:
+    """``e`` as an :class:`OSError` naming ``path`` when the disk caused it (full, read-only, I/O), else None."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is None:
+        text = str(e).lower()
+        code = 13 if "disk is full" in text else 8 if "readonly" in text else 10 if "disk i/o" in text else None
+    err = _SQLITE_OS_ERRORS.get(code & 0xFF) if code is not None else None
+    if err == errno.EIO and _disk_full(path):  # reading a WAL store needs room for its -shm file
+        err = errno.ENOSPC
+    return OSError(err, f"{os.strerror(err)} ({e})", str(path)) if err is not None else None
+
+
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     try:
         if readonly:
@@ -118,6 +144,9 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
         con.execute("PRAGMA busy_timeout=30000")
         return con
     except sqlite3.Error as e:
+        os_err = _os_error(e, path)
+        if os_err is not None:
+            raise os_err from None
         raise StoreError(f"cannot open {path} as a kvroute run store ({e}); use another --out") from None
 
 
@@ -169,6 +198,9 @@ class Store:
         except sqlite3.DatabaseError as e:
             if con.in_transaction:
                 con.execute("ROLLBACK")
+            os_err = _os_error(e, self.path)
+            if os_err is not None:
+                raise os_err from None
             raise StoreError(f"{self.path} is not a kvroute run store ({e}); use another --out") from None
         (version,) = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if version != SCHEMA_VERSION:
@@ -269,10 +301,13 @@ class Store:
             rows = [self._row(r, cols) for r in records]
             cur = con.executemany(sql, rows)
             con.execute("COMMIT")
-        except BaseException:
+        except BaseException as e:
             if con.in_transaction:
-                con.execute("ROLLBACK")
+                con.execute("ROLLBACK")  # the unit's records go together or not at all
             self._kinds = kinds_before
+            os_err = _os_error(e, self.path) if isinstance(e, sqlite3.Error) else None
+            if os_err is not None:  # a full disk: one line naming the store; what was committed stays
+                raise os_err from None
             raise
         return cur.rowcount
 
@@ -359,6 +394,9 @@ def quick_check(con: sqlite3.Connection, path: str | Path) -> None:
     try:
         rows = con.execute("PRAGMA quick_check").fetchall()
     except sqlite3.DatabaseError as e:
+        os_err = _os_error(e, Path(path))
+        if os_err is not None:  # the disk (full, read-only, failing), not the store's pages
+            raise os_err from None
         raise StoreError(f"{path} is damaged ({e}); {DAMAGED_FIX.format(path=path)}") from None
     problems = [str(r[0]) for r in rows if r and r[0] != "ok"]
     if problems:

@@ -2,7 +2,10 @@
 
 Evidence spans are underlined on a dark yellow background, answer spans bold green, distractor
 occurrences red. Task text is styled by character ranges on a ``rich.text.Text`` — never parsed as
-markup — so brackets in a user's context are shown as they are.
+markup — so brackets in a user's context are shown as they are. Control characters in task text
+(an ``ESC [31m`` sequence, a carriage return, bidi overrides) would reach the terminal and act there;
+:func:`visible` turns each into one visible character first (``␛``, ``␍``, …), so the character
+offsets of the spans still hold.
 """
 
 from __future__ import annotations
@@ -20,8 +23,29 @@ ANSWER_STYLE = "bold green"
 DISTRACTOR_STYLE = "red"
 
 
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+
+
+def _visible_char(c: str) -> str:
+    o = ord(c)
+    if o < 0x20 and c not in "\n\t":
+        return chr(0x2400 + o)  # the Unicode control pictures: ␀ … ␛ … ␟
+    if o == 0x7F:
+        return "\u2421"  # ␡
+    if 0x80 <= o < 0xA0 or c in _BIDI or c in "\u2028\u2029":
+        return "\ufffd"  # C1 controls (ESC's 8-bit twin CSI), bidi overrides, line separators
+    return c
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character (but newline and tab) replaced by one visible character."""
+    if text.isprintable() or all(c.isprintable() or c in "\n\t" for c in text):
+        return text
+    return "".join(_visible_char(c) for c in text)
+
+
 def highlighted_context(inst: TaskInstance) -> Text:
-    text = Text(inst.context)
+    text = Text(visible(inst.context))  # one character per character: the spans' offsets still hold
     for d in inst.distractors:
         for m in re.finditer(re.escape(d), inst.context):
             text.stylize(DISTRACTOR_STYLE, m.start(), m.end())
@@ -38,20 +62,21 @@ def instance_panel(inst: TaskInstance, *, max_chars: int | None = None) -> Panel
     if max_chars is not None and len(inst.context) > max_chars:
         ctx = ctx[:max_chars]
         ctx.append(f" … [{len(inst.context) - max_chars} more characters]", style="dim")
-    meta = ", ".join(f"{k}={v}" for k, v in inst.meta.items() if k not in ("format",))
-    title = Text.assemble((inst.family, "bold"), f" v{inst.version}  ", (inst.id, "dim"))
+    meta = visible(", ".join(f"{k}={v}" for k, v in inst.meta.items() if k not in ("format",)))
+    title = Text.assemble((visible(inst.family), "bold"), f" v{inst.version}  ", (visible(inst.id), "dim"))
     answers = Text("answers     ", style="bold")
-    answers.append(" | ".join(inst.answers), style=ANSWER_STYLE)
+    answers.append(visible(" | ".join(inst.answers)), style=ANSWER_STYLE)
     if inst.unanswerable:
         answers.append("  (unanswerable)", style="yellow")
     rows = [
-        Text.assemble(("tags        ", "bold"), f"{inst.answer_type} · {inst.question_type}", (f"   {meta}", "dim")),
+        Text.assemble(("tags        ", "bold"), visible(f"{inst.answer_type} · {inst.question_type}"),
+                      (f"   {meta}", "dim")),
         Text(""),
         ctx,
         Text(""),
-        Text.assemble(("question    ", "bold"), inst.question),
+        Text.assemble(("question    ", "bold"), visible(inst.question)),
         answers,
-        Text.assemble(("distractors ", "bold"), (" | ".join(inst.distractors) or "—", DISTRACTOR_STYLE)),
+        Text.assemble(("distractors ", "bold"), (visible(" | ".join(inst.distractors)) or "—", DISTRACTOR_STYLE)),
     ]
     return Panel(Group(*rows), title=title, title_align="left")
 
