@@ -3,7 +3,13 @@
 For every instance × press × ratio, kvroute decodes the cell from one shared prefill with a
 KeepMask; kvpress's own `KVPressTextGenerationPipeline` runs the same press on the same prompt
 (its own hooks, its own pruned or fake-key-masked cache). The greedy answers must agree token for
-token. Ends with the line `agreement: X/Y`.
+token: the generated token ids (read off the pipeline's final ``tokenizer.decode`` call) and the
+text. Ends with the line `agreement: X/Y`.
+
+The presses are every scorer in the registry that wraps a kvpress press (with kvpress's defaults),
+a few parameter variants that reach code paths the defaults skip on ~220-token contexts, and the
+kvpress selection wrappers (AdaKV, ChunkPress) on two scorers. Random scorers (leverage,
+compactor) are seeded per (seed, layer) on both sides (``seeded_kvpress_layers``).
 
     python benchmarks/equivalence.py [--model smollm2-135m] [--n 12] [--max-new-tokens 24]
 """
@@ -21,12 +27,25 @@ import torch
 from kvroute.engine import Cell, DecodeSettings, Engine
 from kvroute.engine.reference import kvpress_answer, kvpress_pipeline
 from kvroute.models import load_model
+from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
 from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
 
-PRESSES = ["snapkv", "streaming_llm", "knorm", "tova", "observed_attention", "expected_attention",
-           "expected_attention+adakv", "snapkv+adakv", "expected_attention+chunk[chunk_length=48]",
-           "knorm+chunk[chunk_length=48]"]
+# every registered kvpress scorer, then variants and selection wrappers (kvpress AdaKVPress / ChunkPress)
+VARIANTS = ["lagkv[lag_size=32]", "compactor[chunk_size=64]", "non_causal_attention[chunk_size=64]"]
+SELECTIONS = ["expected_attention+adakv", "snapkv+adakv", "expected_attention+chunk[chunk_length=48]",
+              "knorm+chunk[chunk_length=48]"]
+
+
+def registry_presses() -> list[str]:
+    from kvroute.presses import SCORERS
+    from kvroute.presses.scorers import KvpressScorer
+
+    return [n for n, cls in SCORERS.items() if issubclass(cls, KvpressScorer)]
+
+
+PRESSES = registry_presses() + VARIANTS + SELECTIONS
 RATIOS = [0.25, 0.5, 0.75, 0.9]
+SEED = 0
 FAMILIES = ["base", "multi_entity", "hops", "knowledge", "coreference", "multi_presence"]
 
 
@@ -50,6 +69,14 @@ def main() -> int:
     tasks = instances(lm.tokenizer, args.n)
     engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens))
     pipe = kvpress_pipeline(lm)
+    ids: list[list[int]] = []  # the token ids kvpress's pipeline decodes into its answer
+    decode = lm.tokenizer.decode
+
+    def recording_decode(token_ids, *a, **kw):
+        ids.append([int(t) for t in token_ids])
+        return decode(token_ids, *a, **kw)
+
+    lm.tokenizer.decode = recording_decode
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     agree = total = 0
     per_press: dict[str, list[int]] = {p: [0, 0] for p in PRESSES}
@@ -58,20 +85,22 @@ def main() -> int:
     for k, inst in enumerate(tasks):
         prompt = build_prompt(lm.tokenizer, inst)
         t0 = time.perf_counter()
-        res = engine.run(prompt, cells)
+        res = engine.run(prompt, cells, seed=SEED)
         t_ours += time.perf_counter() - t0
         for cell, out in zip(cells, res.outputs, strict=True):
             t0 = time.perf_counter()
-            ref = kvpress_answer(lm, prompt.kvpress_context, prompt.kvpress_question, cell.press, cell.ratio,
-                                 max_new_tokens=args.max_new_tokens, pipeline=pipe)
+            ids.clear()
+            with seeded_kvpress_layers(lm.model, SEED):
+                ref = kvpress_answer(lm, prompt.kvpress_context, prompt.kvpress_question, cell.press, cell.ratio,
+                                     max_new_tokens=args.max_new_tokens, pipeline=pipe)
             t_ref += time.perf_counter() - t0
-            same = ref == out.text
+            same = ref == out.text and ids[-1] == out.tokens
             agree += same
             total += 1
             per_press[cell.press][0] += same
             per_press[cell.press][1] += 1
             if not same:
-                diffs.append((inst.id, cell, ref, out.text))
+                diffs.append((inst.id, cell, f"{ref!r} {ids[-1]}", f"{out.text!r} {out.tokens}"))
         print(f"[{k + 1}/{len(tasks)}] {inst.family:<15} T={prompt.n_context:<4} agreement so far {agree}/{total}",
               flush=True)
     lines = [
@@ -81,8 +110,13 @@ def main() -> int:
         f"--max-new-tokens {args.max_new_tokens}`",
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
         f"date {time.strftime('%Y-%m-%d')}.",
-        f"Model: {lm.name} (float32). Instances: {len(tasks)} ({', '.join(FAMILIES)}; ~220-token contexts), "
+        f"Model: {lm.name} (float32). Instances: {len(tasks)} ({', '.join(dict.fromkeys(t.family for t in tasks))}; "
+        f"~220-token contexts), "
         f"question-agnostic, greedy, max_new_tokens={args.max_new_tokens}.",
+        "",
+        f"Presses: every kvpress scorer in the registry ({len(registry_presses())}, kvpress defaults), "
+        f"{len(VARIANTS)} parameter variants, {len(SELECTIONS)} with kvpress selection wrappers; ratios "
+        f"{', '.join(map(str, RATIOS))}. Agreement = equal generated token ids and text.",
         "",
         "| press | agreement |",
         "|---|---|",
@@ -93,7 +127,7 @@ def main() -> int:
         "",
     ]
     if diffs:
-        lines += ["Disagreements:", ""] + [f"- {i} {c.press}@{c.ratio}: kvpress {r!r} vs kvroute {o!r}" for i, c, r, o in diffs]
+        lines += ["Disagreements:", ""] + [f"- {i} {c.press}@{c.ratio}: kvpress {r} vs kvroute {o}" for i, c, r, o in diffs]
     lines.append(f"agreement: {agree}/{total}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")

@@ -22,12 +22,16 @@ class Param:
     """Allowed values of one numeric parameter: ``lo <= v <= hi`` (bounds optional), odd when ``odd``.
 
     Floats must also be finite (no nan, no inf). ``why`` says, in the error, why the bound exists.
+    ``kind`` types a parameter whose default is None (None stays allowed); ``choices`` lists a string
+    parameter's allowed values.
     """
 
     lo: float | None = None
     hi: float | None = None
     odd: bool = False
     why: str = ""
+    kind: type | None = None  # the value's type where the default is None (e.g. CompactorPress.blending)
+    choices: tuple[str, ...] | None = None  # the allowed values of a string parameter (e.g. CURPress.leverage_type)
 
     def describe(self, integer: bool) -> str:
         what = ("an odd integer" if self.odd else "an integer") if integer else "a finite number"
@@ -47,4 +51,11 @@ class Param:
         if not ok:
             why = f" ({self.why})" if self.why else ""
             raise ConfigError(f"{kind} {name!r}: parameter {key} must be {self.describe(integer)}{why}, got {value!r}")
+
+    def check_choice(self, kind: str, name: str, key: str, value: Any) -> None:
+        """A string parameter: one of ``choices`` (when given)."""
+        if not isinstance(value, str) or (self.choices is not None and value not in self.choices):
+            allowed = f"one of {', '.join(self.choices)}" if self.choices else "a string"
+            why = f" ({self.why})" if self.why else ""
+            raise ConfigError(f"{kind} {name!r}: parameter {key} must be {allowed}{why}, got {value!r}")
 

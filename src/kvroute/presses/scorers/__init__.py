@@ -1,9 +1,16 @@
 """Registered scorers: one file each. ``SCORERS`` maps the config/CLI name to the scorer class."""
 
 from kvroute.presses.scorers import (  # noqa: F401  (registration side effects)
+    cap,
+    compactor,
+    cur,
     expected_attention,
     keydiff,
     knorm,
+    kvpress_random,
+    lagkv,
+    leverage,
+    non_causal_attention,
     observed_attention,
     oracle,
     random,

@@ -90,7 +90,8 @@ def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str,
                  schema: Mapping[str, Param] | None = None) -> dict[str, Any]:
     """Validate ``given`` against ``allowed`` (name → default) and ``schema``; cast to the default's type.
 
-    Types come from the defaults; every float must be finite; ``schema`` adds each parameter's range
+    Types come from the defaults (from ``Param.kind`` where the default is None, which stays allowed);
+    every float must be finite; ``schema`` adds each parameter's range and a string's choices
     (:class:`~kvroute.presses.params.Param`).
     """
     schema = schema or {}
@@ -99,12 +100,17 @@ def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str,
         if k not in allowed:
             raise UnknownNameError(f"parameter of {kind} {name!r}", k, allowed, plural="parameters")
         default = allowed[k]
+        kind_of = schema[k].kind if k in schema else None
+        if default is None and kind_of is not None and v is not None:
+            default = kind_of()  # an optional parameter (default None): typed by its schema
+        if isinstance(default, str) and k in schema:
+            schema[k].check_choice(kind, name, k, v)
         if isinstance(default, bool) and not isinstance(v, bool):
             raise ConfigError(f"{kind} {name!r}: parameter {k} must be true or false, got {v!r}")
         if isinstance(default, int) and not isinstance(default, bool):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ConfigError(f"{kind} {name!r}: parameter {k} must be an integer, got {v!r}")
-        if isinstance(default, float) and not isinstance(v, (int, float)):
+        if isinstance(default, float) and (not isinstance(v, (int, float)) or isinstance(v, bool)):
             raise ConfigError(f"{kind} {name!r}: parameter {k} must be a number, got {v!r}")
         v = float(v) if isinstance(default, float) else v
         if isinstance(v, float) and not math.isfinite(v):

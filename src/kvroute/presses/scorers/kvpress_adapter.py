@@ -2,12 +2,25 @@
 
 The adapter calls the press's own ``score()`` with the arguments kvpress's forward hook would give
 it, so kvroute's scores are kvpress's scores. Parameters are the press's dataclass fields (without
-``compression_ratio``) with kvpress's defaults.
+``compression_ratio`` and private fields such as CompactorPress's child presses) with kvpress's
+defaults.
+
+Random presses. Some kvpress scorers draw from torch's global generator inside ``score()``
+(LeverageScorePress's and so CompactorPress's Gaussian sketch, CURPress with
+``use_random_leverage``). kvpress leaves that generator unseeded, so its own answers change from run
+to run; one prefill scoring several such presses would also interleave their draws. kvroute fixes
+the draw: every ``score()`` call of a scorer with ``random_draws`` runs with torch's generator seeded
+by :func:`layer_seed` (sweep seed, layer) and restored afterwards (the chunks of one layer under a
+chunked selection continue one stream, as in kvpress's ChunkPress). :func:`seeded_kvpress_layers`
+seeds kvpress's own run the same way (before each attention layer, so before its hook scores), which
+is what makes the two token-for-token comparable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -18,21 +31,34 @@ from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer
 
 
+def layer_seed(seed: int, layer_idx: int) -> int:
+    """The seed of torch's generator when a random scorer scores layer ``layer_idx`` (same rule as ``random``)."""
+    return seed * 100_003 + layer_idx
+
+
 class KvpressScorer(Scorer):
     """Wraps ``press_cls`` (a kvpress ScorerPress subclass); subclasses set ``press_cls``."""
 
     press_cls: ClassVar[type]
-    min_tokens_param: ClassVar[str | None] = None  # the press asserts T > this parameter
+    # The press needs T > the sum of these parameters + min_tokens_extra (it asserts or breaks otherwise).
+    min_tokens_param: ClassVar[str | tuple[str, ...] | None] = None
+    min_tokens_extra: ClassVar[int] = 0
+    random_draws: ClassVar[bool] = False  # score() draws from torch's global generator (seeded per layer here)
+    # For presses that read compression_ratio only for some parameter values: params -> ratio dependent?
+    ratio_dependent_if: ClassVar[Callable[[dict[str, Any]], bool] | None] = None
 
     def __init__(self, **params: Any) -> None:
         self.params = params
         self.press = self.press_cls(compression_ratio=0.0, **params)
+        rule = type(self).ratio_dependent_if
+        if rule is not None:  # instance value; the class keeps True so `presses list` marks it
+            self.ratio_dependent = bool(rule({**type(self).parameters(), **params}))  # type: ignore[misc]
 
     @classmethod
     def parameters(cls) -> dict[str, Any]:
         out = {}
         for f in dataclasses.fields(cls.press_cls):
-            if f.name == "compression_ratio":
+            if f.name == "compression_ratio" or f.name.startswith("_") or not f.init:
                 continue
             out[f.name] = f.default if f.default is not dataclasses.MISSING else None
         return out
@@ -49,36 +75,109 @@ class KvpressScorer(Scorer):
     def setup(self, model: nn.Module) -> None:
         self.press.post_init_from_model(model)
 
+    def _min_params(self) -> tuple[str, ...]:
+        p = self.min_tokens_param
+        return () if p is None else (p,) if isinstance(p, str) else tuple(p)
+
     def min_tokens(self) -> int:
-        return 1 if self.min_tokens_param is None else int(getattr(self, self.min_tokens_param)) + 1
+        return sum(int(getattr(self, p)) for p in self._min_params()) + self.min_tokens_extra + 1
 
     def check(self, num_tokens: int) -> None:
-        if self.min_tokens_param is None:
+        names = self._min_params()
+        if not names and self.min_tokens_extra == 0:
             return
-        need = getattr(self, self.min_tokens_param)
-        if num_tokens <= need:
-            raise EngineError(
-                f"{self.name} needs more than {self.min_tokens_param}={need} context tokens, this context has "
-                f"{num_tokens}; use a longer context or e.g. '{self.name}[{self.min_tokens_param}={max(1, num_tokens // 4)}]'"
-            )
+        need = self.min_tokens() - 1
+        if num_tokens > need:
+            return
+        what = "+".join(names + ((str(self.min_tokens_extra),) if self.min_tokens_extra else ()))
+        hint = ""
+        if names:
+            hint = f"; use a longer context or e.g. '{self.name}[{names[0]}={max(1, num_tokens // (4 * len(names)))}]'"
+        raise EngineError(f"{self.name} needs more than {what}={need} context tokens, this context has "
+                          f"{num_tokens}{hint or '; use a longer context'}")
 
     def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
         if self.ratio_dependent:
             self.press.compression_ratio = ratio
-        return self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
+        if not self.random_draws:
+            return self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
+        dev = x.keys.device
+        # A later chunk of the same layer (chunked selection slices the layer's hidden states, so only
+        # the first chunk starts where they start) continues the layer's draws, as kvpress's ChunkPress
+        # does by calling score() chunk after chunk; a whole context or a first chunk reseeds.
+        layer_hidden = x.kwargs.get("hidden_states", x.hidden_states)
+        first = x.hidden_states.data_ptr() == layer_hidden.data_ptr()
+        with torch.random.fork_rng(devices=[dev] if dev.type != "cpu" else [], device_type=dev.type):
+            saved = self.__dict__.get("_rng")
+            if first or saved is None or saved[0] != (x.seed, x.layer_idx):
+                torch.manual_seed(layer_seed(x.seed, x.layer_idx))
+            else:
+                _set_rng_state(dev, saved[1])
+            out = self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
+            self.__dict__["_rng"] = ((x.seed, x.layer_idx), _get_rng_state(dev))
+            return out
+
+
+def _get_rng_state(dev: torch.device) -> torch.Tensor:
+    return torch.get_rng_state() if dev.type == "cpu" else torch.get_device_module(dev.type).get_rng_state(dev)
+
+
+def _set_rng_state(dev: torch.device, state: torch.Tensor) -> None:
+    if dev.type == "cpu":
+        torch.set_rng_state(state)
+    else:
+        torch.get_device_module(dev.type).set_rng_state(state, dev)
+
+
+@contextlib.contextmanager
+def seeded_kvpress_layers(model: nn.Module, seed: int = 0) -> Iterator[None]:
+    """Seed torch's generator with :func:`layer_seed` before each attention layer runs (kvpress's side).
+
+    For comparing a random kvpress press with kvroute: kvpress scores a layer in a forward hook right
+    after the layer's attention, so seeding in a pre-hook gives its ``score()`` the generator state
+    kvroute's adapter gives it. The generator's state is restored on exit.
+    """
+    from kvroute.engine.hooks import decoder_layers  # here, not at import: kvroute.engine imports presses
+
+    handles = []
+
+    def pre_hook(module: Any, args: Any, kwargs: Any) -> None:
+        torch.manual_seed(layer_seed(seed, module.layer_idx))
+
+    dev = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[dev] if dev.type != "cpu" else [], device_type=dev.type):
+        try:
+            for layer in decoder_layers(model):
+                attn: Any = layer.self_attn
+                handles.append(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
 
 def register_kvpress(name: str, press_cls: type, description: str, *, needs_attentions: bool = False,
-                     ratio_dependent: bool = False, min_tokens_param: str | None = None,
+                     ratio_dependent: bool = False, min_tokens_param: str | tuple[str, ...] | None = None,
+                     min_tokens_extra: int = 0, random_draws: bool = False,
+                     ratio_dependent_if: Callable[[dict[str, Any]], bool] | None = None,
                      schema: dict[str, Param] | None = None) -> type[KvpressScorer]:
     """Register ``press_cls`` under ``name`` as a kvroute scorer and return the adapter class.
 
     ``schema``: the allowed range of each numeric parameter of the press (see :mod:`kvroute.presses.params`).
+    ``ratio_dependent``: ``score()`` reads ``compression_ratio``, so the press is scored once per ratio;
+    ``ratio_dependent_if(params)`` narrows that per instance (the class stays marked).
+    ``min_tokens_param`` / ``min_tokens_extra``: the context must be longer than their sum.
+    ``random_draws``: ``score()`` draws from torch's generator (seeded per (seed, layer), see module doc).
     """
+    if ratio_dependent_if is not None:
+        ratio_dependent = True
     cls = type(f"{press_cls.__name__}Scorer", (KvpressScorer,), {
         "name": name, "description": description, "press_cls": press_cls,
         "needs_attentions": needs_attentions, "ratio_dependent": ratio_dependent,
-        "min_tokens_param": min_tokens_param, "schema": dict(schema or {}),
+        "min_tokens_param": min_tokens_param, "min_tokens_extra": min_tokens_extra,
+        "random_draws": random_draws,
+        "ratio_dependent_if": staticmethod(ratio_dependent_if) if ratio_dependent_if is not None else None,
+        "schema": dict(schema or {}),
     })
     SCORERS.register(name, cls)
     return cls
