@@ -82,9 +82,9 @@ def main() -> int:
         f"; {n_und} undecidable (?) on this model." if n_und else ".") + (
         " A failed ordering is a reading that does not follow the evidence on this model; read it before trusting"
         " that reading." if n_bad else "")]
-    choice = model_choice(df)
-    if choice:
-        lines += ["", choice]
+    for line in (model_choice(df), full_cache_routes(df)):
+        if line:
+            lines += ["", line]
     print("\n".join(lines))
     if not args.no_write_results:
         write("mask_controls" if args.model == "smollm2-135m" else f"mask_controls_{args.model}", lines)
@@ -117,6 +117,19 @@ def model_choice(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> str | N
             f"instances (95% bootstrap [{lo:.3f}, {hi:.3f}]) against chance {chance:.3f} — {verdict}.")
 
 
+def full_cache_routes(df: pd.DataFrame) -> str | None:
+    """One sentence: how often the full cache reads routed-reachable, overall and where the model answers."""
+    base = df[df["ratio"] == 0].drop_duplicates("instance_id")
+    if "routed_reachable" not in base or base["routed_reachable"].notna().sum() == 0:
+        return None
+    r = base["routed_reachable"].astype(float)
+    ok = base["outcome"] == "correct"
+    pooled = (base["routed_reachable_pooled"].astype(float).mean() if "routed_reachable_pooled" in base
+              else float("nan"))
+    return (f"Full cache, routed reachability (layer-max): {r.mean():.3f} of {int(r.notna().sum())} instances, "
+            f"{r[ok].mean():.3f} of the {int(ok.sum())} answered correctly (pooled test: {pooled:.3f}).")
+
+
 def readings(df: pd.DataFrame, ident: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, bool | None]]]:
     rows = []
     base = df[df["ratio"] == 0]
@@ -143,8 +156,9 @@ def readings(df: pd.DataFrame, ident: pd.DataFrame) -> tuple[pd.DataFrame, list[
     for ratio in (0.9, 0.95):
         for col, sign, label in (("ger_all_layers", -1, "answer globally evicted (ger_all_layers)"),
                                  ("ger", -1, "GER"), ("reachable", 1, "direct reachability"),
-                                 ("routed_reachable", 1, "routed reachability (calibrated)"),
-                                 ("routed_z_median", 1, "routed evidence z against the null (median)"),
+                                 ("routed_reachable", 1, "routed reachability (calibrated, layer-max)"),
+                                 ("routed_reachable_pooled", 1, "routed reachability (pooled over layers and heads)"),
+                                 ("routed_z_median", 1, "routed evidence: largest z against the null (median)"),
                                  ("identity_accuracy", 1, "answer-identity probe accuracy"),
                                  ("identity_untrained", 1, "answer-identity, untrained last-layer readout"),
                                  ("lens_gold_logprob_last", 1, "logit lens: gold first-token log-prob, last layer"),
@@ -207,7 +221,8 @@ def _row(press: str, ratio: float, g: pd.DataFrame, res: dict) -> dict:
     out: dict = {"press": press, "ratio": ratio, "instances": g["instance_id"].nunique(),
                  "kept_fraction": g["kept_fraction"].mean() if "kept_fraction" in g else np.nan,
                  "correct": (g["outcome"] == "correct").mean()}
-    for col in ("ger", "ger_all_layers", "reachable", "routed_reachable", "routed_reachable_uncalibrated"):
+    for col in ("ger", "ger_all_layers", "reachable", "routed_reachable", "routed_reachable_pooled",
+                "routed_reachable_uncalibrated"):
         if col in g:
             out[col] = pd.to_numeric(g[col], errors="coerce").astype(float).mean()
     if "lens_gold_logprob_final" in g:

@@ -68,17 +68,27 @@ METRIC_FIELDS: dict[str, str] = {
     "evidence_attention_mass": "attention mass from the last prompt token onto T_ev, mean over layers and query heads",
     "evidence_attention_mass_full": "the same with the full (uncompressed) cache",
     "reachable": "bool: direct reachability (some layer/head keeps an evidence token with attention > ε)",
-    "routed_reachable": "bool (calibrated): the evidence content the last prompt token reads through the surviving "
-                        "entries (rollout over the prefill) beats the null draws: rank-test p = (1 + #null ≥ evidence) / "
-                        "(1 + route_null) ≤ route_alpha (at the defaults 19 and 0.05: beats every draw); "
-                        "None when the context has too few null positions",
-    "routed_evidence_mass": "uncalibrated routed statistic: Σ_t attention(last prompt token → kept t) · rollout "
+    "routed_reachable": "bool (calibrated, layer-max): per layer, the direct attention mass of the last prompt token "
+                        "onto the evidence and its routed read through the surviving entries (rollout over the prefill), "
+                        "each standardised against the null sources (mutually disjoint shifted copies of the evidence "
+                        "pattern, each source against the others: leave one out); the evidence's maximum over the 2L "
+                        "columns beats the nulls' own maxima: p = (1 + #null max ≥ evidence max) / (1 + null draws) ≤ "
+                        "route_alpha; None when the document holds too few disjoint null sources (fewer than 19 at "
+                        "the defaults, e.g. a 3-sentence passage). Stores made before the layer-max test held the "
+                        "pooled test here (the loader moves it to routed_reachable_pooled)",
+    "routed_p": "layer-max rank-test p-value (1 + #null max ≥ evidence max) / (1 + null draws)",
+    "routed_z": "the evidence's largest standardised statistic over the 2L (layer, kind) columns",
+    "routed_layer": "layer (1 … L) whose statistic gave routed_z (given with ≥ 2 null draws, also when undecided)",
+    "routed_kind": "which statistic gave routed_z: direct (attention onto the evidence) or rollout (routed read)",
+    "routed_null_draws": "number of disjoint null sources the document allowed (route_null when it has room)",
+    "routed_reachable_pooled": "bool: the pooled test — routed_evidence_mass beats the null sources' pooled masses at "
+                               "route_alpha; insensitive at the full cache (most heads never look at the evidence)",
+    "routed_p_pooled": "pooled rank-test p-value (1 + #null ≥ evidence) / (1 + null draws)",
+    "routed_z_pooled": "(routed_evidence_mass − null mean) / null sd",
+    "routed_evidence_mass": "pooled routed statistic: Σ_t attention(last prompt token → kept t) · rollout "
                             "evidence share of t, mean over layers and query heads",
-    "routed_null_mass": "mean of the same statistic over the null sources (shifted copies of the evidence pattern)",
-    "routed_null_q95": "95th percentile of the null statistic",
-    "routed_z": "calibrated score (routed_evidence_mass − null mean) / null sd",
-    "routed_p": "rank-test p-value (1 + #null ≥ evidence) / (1 + null draws)",
-    "routed_null_draws": "number of null sources the context allowed (route_null when it has room)",
+    "routed_null_mass": "mean of the pooled statistic over the null sources",
+    "routed_null_q95": "95th percentile of the pooled null statistic",
     "routed_reachable_uncalibrated": "bool: former rule — some head attends above ε a kept token whose rollout share "
                                      "is ≥ τ · the best evidence token's; true almost everywhere (rollout diffuses)",
     "gold_logprob": "teacher-forced log-probability of the gold answer",

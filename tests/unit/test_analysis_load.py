@@ -80,3 +80,24 @@ def test_clear_errors(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(StoreError, match="not valid JSON"):
         load_manifest(tmp_path)
+
+
+def test_records_made_before_the_layer_max_routed_test_keep_their_pooled_reading_under_its_own_name(tmp_path):
+    """Row by row: a record with routed_p but no routed_p_pooled held the pooled test under today's names; it
+    moves to the *_pooled fields and the layer-max fields become missing, so no old value reads as the new test."""
+    old = {"model": "m", "press": "p", "ratio": 0.5, "instance_id": "a", "routed_reachable": True,
+           "routed_p": 0.05, "routed_z": 3.0}
+    new = {"model": "m", "press": "p", "ratio": 0.5, "instance_id": "b", "routed_reachable": False, "routed_p": 0.4,
+           "routed_z": 0.2, "routed_reachable_pooled": True, "routed_p_pooled": 0.05, "routed_z_pooled": 2.5}
+    p = tmp_path / "mixed.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in (old, new)) + "\n")
+    df = load_records(p).set_index("instance_id")
+    assert pd.isna(df.loc["a", "routed_reachable"]) and pd.isna(df.loc["a", "routed_p"])
+    assert bool(df.loc["a", "routed_reachable_pooled"]) is True and df.loc["a", "routed_p_pooled"] == 0.05
+    assert df.loc["a", "routed_z_pooled"] == 3.0
+    assert bool(df.loc["b", "routed_reachable"]) is False and df.loc["b", "routed_p"] == 0.4  # new records untouched
+    assert bool(df.loc["b", "routed_reachable_pooled"]) is True and df.loc["b", "routed_z_pooled"] == 2.5
+    only_old = tmp_path / "old.jsonl"
+    only_old.write_text(json.dumps(old) + "\n")
+    o = load_records(only_old).iloc[0]
+    assert pd.isna(o["routed_reachable"]) and bool(o["routed_reachable_pooled"]) and o["routed_p_pooled"] == 0.05

@@ -27,7 +27,7 @@ MANIFEST_NAME = "manifest.json"
 TABLE = "records"
 #: columns holding lists of floats (besides the per-layer fields of kvroute.records)
 VECTOR_FIELDS: tuple[str, ...] = (*LAYER_FIELDS, "probe_features")
-BOOL_FIELDS: tuple[str, ...] = ("hallucinated", "reachable", "routed_reachable", "unanswerable")
+BOOL_FIELDS: tuple[str, ...] = ("hallucinated", "reachable", "routed_reachable", "routed_reachable_pooled", "unanswerable")
 _FILE_SUFFIXES = (".parquet", ".csv", ".jsonl", ".ndjson", ".sqlite", ".db")
 
 
@@ -218,8 +218,41 @@ def rename_legacy_fields(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+#: the routed-reachability fields whose meaning changed with the layer-max test: in earlier records they
+#: held the pooled test, which now has its own names
+_ROUTED_POOLED = {"routed_reachable": "routed_reachable_pooled", "routed_p": "routed_p_pooled",
+                  "routed_z": "routed_z_pooled"}
+
+
+def legacy_routed(df: pd.DataFrame) -> pd.DataFrame:
+    """Records made before the layer-max routed test, row by row: a row with ``routed_p`` but no
+    ``routed_p_pooled`` held the pooled test under today's layer-max names; its values move to the
+    ``*_pooled`` fields and the layer-max fields become missing (never read as the new test). Returns
+    ``df`` itself when no row is such a record."""
+    if "routed_p" not in df.columns:
+        return df
+    pooled = df["routed_p_pooled"] if "routed_p_pooled" in df.columns else pd.Series(np.nan, index=df.index)
+    old = df["routed_p"].notna() & pooled.isna()
+    if not old.any():
+        return df
+    df = df.copy()
+    for cur, new in _ROUTED_POOLED.items():
+        if cur not in df.columns:
+            continue
+        if new not in df.columns:
+            df[new] = pd.Series([None] * len(df), index=df.index, dtype=object)
+        df[new] = df[new].astype(object)
+        df.loc[old, new] = df.loc[old, cur]
+        df[cur] = df[cur].astype(object)
+        df.loc[old, cur] = None
+    for col in ("routed_p", "routed_z", "routed_p_pooled", "routed_z_pooled"):
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df
+
+
 def _decode(df: pd.DataFrame) -> pd.DataFrame:
-    df, errored = split_errors(rename_legacy_fields(df))
+    df, errored = split_errors(legacy_routed(rename_legacy_fields(df)))
     df = df.copy()
     df.attrs = {**df.attrs, ERRORS_ATTR: error_groups(errored)}
     for col in VECTOR_FIELDS:

@@ -24,6 +24,9 @@ The records follow :mod:`kvroute.records`. The truth is built in, so tests can c
   margin over its distractors in the second half of the layers that fades with α and is zero
   when the answer is globally evicted, so the identity probe is at chance exactly there. Drawn
   from their own generator: every other field is the same as without them.
+* ``routed_reachable`` (layer-max test) is direct reachability or chance; its pooled companion
+  ``routed_reachable_pooled`` finds a share of those cells only, and ``routed_layer`` /
+  ``routed_kind`` say where the layer-max test won (again their own generator).
 """
 
 from __future__ import annotations
@@ -191,6 +194,7 @@ def synthetic_records(spec: SyntheticSpec | None = None) -> pd.DataFrame:
     out.loc[unans, ["ger", "ger_all_layers"]] = np.nan
     _layer_vectors(spec, df, out, halluc, glob, rng)
     _lens_vectors(spec, df, out, glob)
+    _routed_fields(spec, df, out)
     return out
 
 
@@ -228,6 +232,19 @@ def _layer_vectors(spec: SyntheticSpec, df: pd.DataFrame, out: pd.DataFrame, hal
                 cols[name][r] = vals[j]
     for name, vals in cols.items():
         out[name] = vals
+
+
+def _routed_fields(spec: SyntheticSpec, df: pd.DataFrame, out: pd.DataFrame) -> None:
+    """The layer-max test's companions: the pooled reading (insensitive: it finds a share of the
+    layer-max routes only) and where the layer-max test won (``routed_layer`` 1 … L, ``routed_kind``).
+    From their own generator, so every other field is the same as without them."""
+    rng = np.random.default_rng([spec.seed, 15])
+    n = len(df)
+    reach = out["routed_reachable"].to_numpy(dtype=bool)
+    layers = np.array([m.layers for m in spec.models])[df["_mi"].to_numpy()]
+    out["routed_reachable_pooled"] = reach & (rng.random(n) < 0.4)
+    out["routed_layer"] = np.floor(rng.uniform(0.3, 0.9, n) * layers).astype(int) + 1
+    out["routed_kind"] = np.where(rng.random(n) < 0.7, "direct", "rollout")
 
 
 def _lens_vectors(spec: SyntheticSpec, df: pd.DataFrame, out: pd.DataFrame, glob: np.ndarray) -> None:

@@ -10,13 +10,17 @@
   the prefill already copied into other tokens ("leakage") when the evidence itself is evicted.
 
 Rollout spreads any source over every later token, so a raw "carries evidence" rule is true almost
-everywhere (the former rule, kept as ``routed_reachable_uncalibrated``). The routed statistic — the
-evidence content the last prompt token reads through the surviving entries — is therefore compared
-with the same statistic from null sources: shifted copies of the evidence pattern at nearby
-document positions (same-count scattered sets of the other document tokens when the document is
-too short for them), rolled out in the same prefill pass. A cell is routed-reachable when the
-evidence beats every null draw at the rank-test level ``route_alpha`` (with the default 19 draws:
-above all of them, p = 1/20 = 0.05).
+everywhere (the former rule, kept as ``routed_reachable_uncalibrated``). The evidence is therefore
+compared with null sources: mutually disjoint shifted copies of the evidence pattern at nearby
+document positions (same-count disjoint scattered sets of the other document tokens when the document
+has no room for enough copies), rolled out in the same prefill pass. Per layer, two statistics for
+every source: the direct attention mass of the last prompt token onto its positions and the routed
+read of its rollout share through the surviving entries, both averaged over query heads. Each is
+standardised against the other sources, and a cell is routed-reachable when the evidence's largest
+standardised statistic beats the null sources' own maxima at the rank-test level ``route_alpha``
+(with the default 19 draws: above all of them, p = 1/20 = 0.05; undecided when the document holds
+fewer disjoint null sources than that level needs). The former reading pooled over every layer and
+head is kept as ``routed_reachable_pooled``.
 
 ε is relative: ``κ / n_visible`` (n_visible = keys the head can see: kept context + suffix), i.e.
 κ times what uniform attention would give; κ = 5 by default.
@@ -39,15 +43,18 @@ from kvroute.models.queries import rotated_queries
 
 def null_position_sets(evidence: Sequence[int], lo: int, hi: int, n: int, rng: random.Random, *,
                        exclude: Iterable[int] = (), window: int = 128) -> list[list[int]]:
-    """``n`` null sources for the routed-reachability test: shifted copies of the evidence pattern.
+    """``n`` null sources for the routed-reachability test: shifted copies of the evidence pattern, disjoint
+    from the evidence, from ``exclude`` (e.g. question tokens) and from one another.
 
     A copy ``{p + s : p in evidence}`` is a candidate when it lies inside ``[lo, hi)`` and touches
-    neither the evidence nor ``exclude`` (e.g. question tokens). Same count and same shape as the
-    evidence (a sentence stays one contiguous span), and position-matched: only shifts with
-    ``|s| ≤ W`` (W = the larger of ``window`` and the distance that holds 2n candidates), half of the
-    draws before the evidence and half after it where both sides have room (the rollout statistic
-    trends with position: earlier sources reach more tokens, so a one-sided null would be biased).
-    Drawn without replacement; fewer than ``n`` sets when fewer candidates exist.
+    neither the evidence nor ``exclude``. Same count and same shape as the evidence (a sentence stays one
+    contiguous span), and position-matched: the copies are packed at random (each candidate in a random
+    order, kept when it touches no copy kept before) from the shifts with ``|s| ≤ W``, half of them before
+    the evidence and half after it where both sides have room (the rollout statistic trends with position:
+    earlier sources reach more tokens, so a one-sided null would be biased); W starts at ``window`` and
+    doubles until the packing holds ``n`` copies or covers the range. Mutually disjoint sources are what
+    makes the evidence exchangeable with them (the evidence shares no position with any null, so no null
+    may share one with another). Fewer than ``n`` sets when the range has no room for more.
     """
     ev = np.array(sorted(set(evidence)), dtype=np.int64)
     if not len(ev) or n <= 0 or hi <= lo:
@@ -63,27 +70,50 @@ def null_position_sets(evidence: Sequence[int], lo: int, hi: int, n: int, rng: r
     cand = shifts[~banned[(ev[None, :] + shifts[:, None]) - lo].any(axis=1)]
     if not len(cand):
         return []
-    dist = np.sort(np.abs(cand))
-    w = max(window, int(dist[min(2 * n, len(dist)) - 1]))
-    before = sorted(int(s) for s in cand[(cand < 0) & (cand >= -w)])
-    after = sorted(int(s) for s in cand[(cand > 0) & (cand <= w)])
-    k_before = min(len(before), max(n // 2, n - len(after)))
-    k_after = min(len(after), n - k_before)
-    chosen = rng.sample(before, k_before) + rng.sample(after, k_after)
-    return [(ev + s).tolist() for s in chosen]
+    reach = int(np.abs(cand).max())
+    w = max(1, window)
+    while True:
+        before = [int(s) for s in cand if -w <= s < 0]
+        after = [int(s) for s in cand if 0 < s <= w]
+        rng.shuffle(before)
+        rng.shuffle(after)
+        used = banned.copy()
+        chosen = _pack(ev - lo, before, n // 2, used)
+        chosen += _pack(ev - lo, after, n - len(chosen), used)
+        chosen += _pack(ev - lo, before, n - len(chosen), used)  # the after side ran short: more before
+        if len(chosen) >= n or w >= reach:
+            return [(ev + s).tolist() for s in sorted(chosen)]
+        w *= 2
+
+
+def _pack(pattern: np.ndarray, shifts: list[int], limit: int, used: np.ndarray) -> list[int]:
+    """Up to ``limit`` of ``shifts``, in their order, whose copy of ``pattern`` touches no ``used`` entry
+    (each kept copy marks its entries used)."""
+    kept: list[int] = []
+    for s in shifts:
+        if len(kept) >= limit:
+            break
+        idx = pattern + s
+        if not used[idx].any():
+            used[idx] = True
+            kept.append(s)
+    return kept
 
 
 def scattered_position_sets(evidence: Sequence[int], lo: int, hi: int, n: int, rng: random.Random, *,
                             exclude: Iterable[int] = ()) -> list[list[int]]:
-    """``n`` null sources of the evidence's count drawn uniformly (without replacement inside a set)
-    from the tokens of ``[lo, hi)`` outside the evidence and ``exclude``: the fallback when the range
-    cannot hold shifted copies. Count-matched, not shape-matched; empty when too few tokens remain."""
+    """Up to ``n`` mutually disjoint null sources of the evidence's count drawn uniformly from the tokens of
+    ``[lo, hi)`` outside the evidence and ``exclude``: the fallback when the range cannot hold shifted
+    copies. Count-matched, not shape-matched; as many sets as the remaining tokens hold (none when fewer
+    than the evidence's count remain)."""
     k = len(set(evidence))
     banned = set(evidence) | set(exclude)
     pool = [p for p in range(lo, hi) if p not in banned]
-    if k == 0 or n <= 0 or len(pool) < k:
+    m = min(n, len(pool) // k) if k else 0
+    if m <= 0:
         return []
-    return [sorted(rng.sample(pool, k)) for _ in range(n)]
+    drawn = rng.sample(pool, m * k)
+    return [sorted(drawn[i * k:(i + 1) * k]) for i in range(m)]
 
 
 def document_range(tokenizer: Any, prompt: Any, instance: Any) -> tuple[int, int]:
@@ -129,9 +159,10 @@ class EvidenceRollout:
 
         Template and instruction tokens are never null sources: their rollout contributions are
         10–100× a document token's (secondary sinks), so one of them would dominate the null. A document
-        too short for ``route_null`` disjoint shifted copies (a 3-sentence passage whose evidence is one
-        sentence) draws same-count *scattered* sets of its other tokens instead
-        (:func:`scattered_position_sets`)."""
+        with no room for ``route_null`` disjoint shifted copies draws disjoint same-count *scattered* sets
+        of its other tokens instead (:func:`scattered_position_sets`) when those are more; either way the
+        sources are disjoint, so a short document (a 3-sentence passage whose evidence is one sentence
+        holds one or two) gets too few draws and the layer-max test reads undecided there."""
         T = prompt.n_context
         lo, hi = doc_range if doc_range is not None else (min(settings.n_sink, T), T)
         lo = max(lo, min(settings.n_sink, T))
@@ -140,7 +171,8 @@ class EvidenceRollout:
         nulls = null_position_sets(evidence, lo, hi, settings.route_null, rng, exclude=question,
                                    window=settings.route_null_window)
         if len(nulls) < settings.route_null:
-            nulls = scattered_position_sets(evidence, lo, hi, settings.route_null, rng, exclude=question)
+            scattered = scattered_position_sets(evidence, lo, hi, settings.route_null, rng, exclude=question)
+            nulls = scattered if len(scattered) > len(nulls) else nulls
         return cls(evidence, T, nulls)
 
     def on_layer(self, layer_idx: int, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor,
@@ -255,22 +287,86 @@ def null_test(m_ev: float, m_null: torch.Tensor, alpha: float) -> dict[str, Any]
     }
 
 
+def layer_statistics(attn: torch.Tensor, shares: torch.Tensor) -> torch.Tensor:
+    """``[S, 2L]`` per source: the direct mass (attention onto the source's own positions) of each layer,
+    then its routed read (``Σ_t a[ℓ, h, t] · share[ℓ, t]``), both averaged over query heads.
+
+    ``attn`` ``[L, H, T]`` (evicted entries exactly 0); ``shares`` ``[L, T, S]`` (the rollout shares of
+    every source; layer 0's input is the source's indicator, so its positions)."""
+    H = attn.shape[1]
+    a, sh = attn.float(), shares.float().to(attn.device)
+    direct = torch.einsum("lht,ts->sl", a, sh[0]) / H
+    routed = torch.einsum("lht,lts->sl", a, sh) / H
+    return torch.cat([direct, routed], dim=1).cpu()
+
+
+def max_test(stats: torch.Tensor, alpha: float, overlap: torch.Tensor | None = None) -> dict[str, Any]:
+    """The calibrated layer-max test. ``stats`` ``[1 + n, K]``: row 0 the evidence, then the null sources.
+
+    Every source's statistics are standardised per column against the *other* sources (leave one out:
+    z = (x − mean) / sd over the other n sources; sources that share a position with it, per ``overlap``
+    ``[1 + n, 1 + n]`` bool, are left out of its reference too — none do when the nulls come from
+    :func:`null_position_sets`, which keeps them disjoint) and reduced to their maximum over the K
+    columns. The evidence and each null are treated alike, so if the evidence were just another draw like
+    the nulls its rank among the 1 + n maxima would be uniform: p = (1 + #{null max ≥ evidence max}) /
+    (1 + n) is then an exact rank-test p-value (ties count against the evidence). Reachable iff p ≤ α,
+    undecided (None) when n is too small for any p to reach α. A column in which the reference sources
+    all read the same value has no spread: a source above it gets z = 1e6, one equal to it 0. Returns the
+    evidence's max z, the column that gave it and the p-value."""
+    S = stats.shape[0]
+    n = S - 1
+    none = {"routed_reachable": None, "routed_p": None, "routed_z": None, "routed_column": None,
+            "routed_null_draws": max(n, 0)}
+    if n < 2:
+        return none
+    x = stats.double()
+    ref = ~(overlap.bool() if overlap is not None else torch.zeros(S, S, dtype=torch.bool))
+    ref.fill_diagonal_(False)
+    w = ref.double()
+    cnt = w.sum(1, keepdim=True)  # [S, 1]
+    if bool((cnt < 2).any()):
+        return none
+    mean = (w @ x) / cnt
+    var = ((w @ (x * x)) - cnt * mean * mean) / (cnt - 1)
+    sd = var.clamp(min=0).sqrt()
+    diff = x - mean
+    tiny = 1e-9 * x.abs().amax(0).clamp(min=1e-30)
+    flat = torch.where(diff > tiny, 1e6, torch.where(diff < -tiny, -1e6, 0.0)).double()
+    z = torch.where(sd > tiny, diff / sd.clamp(min=1e-300), flat)
+    mx, arg = z.max(dim=1)
+    p = (1 + int((mx[1:] >= mx[0]).sum())) / (1 + n)
+    return {"routed_reachable": bool(p <= alpha) if 1 / (1 + n) <= alpha else None, "routed_p": p,
+            "routed_z": float(mx[0]), "routed_column": int(arg[0]), "routed_null_draws": n}
+
+
 @register
 class RoutedReachability(Metric):
-    """Routed reachability, calibrated. The statistic is the evidence content the last prompt token
-    reads through the cell's surviving entries, ``m = mean_ℓ,h Σ_t a[ℓ, h, t] · r_ev[ℓ, t]`` (r the
-    rollout share; evicted entries have a = 0). Rollout spreads any source over every later token, so
-    m is compared with the same statistic from ``route_null`` null sources (shifted copies of the
-    evidence pattern, see :func:`null_position_sets`) under the same mask and attention:
-    ``routed_reachable`` is true iff the evidence beats the null at level ``route_alpha``.
-    ``routed_reachable_uncalibrated`` keeps the former rule (some head attends above ε a kept token
-    whose share is ≥ τ · the best evidence token's), which is true almost everywhere.
+    """Routed reachability, calibrated: can the last prompt token reach the evidence — directly or through
+    the kept tokens that copied it — more than it reaches any other same-shape span of the document?
+
+    Per layer, two statistics for the evidence and for each of ``route_null`` null sources (mutually
+    disjoint shifted copies of the evidence pattern, see :func:`null_position_sets`) under the same mask
+    and attention:
+    the direct mass onto the source's positions and the routed read ``Σ_t a[ℓ, h, t] · r[ℓ, t]`` (r the
+    rollout share; evicted entries have a = 0), both averaged over query heads. ``routed_reachable``
+    is the layer-max test of :func:`max_test` at level ``route_alpha``: the evidence's largest
+    standardised statistic over the 2L (layer, kind) columns beats the nulls' own maxima. The layer
+    and the kind that gave it are ``routed_layer`` (1 … L) and ``routed_kind`` (``direct`` |
+    ``rollout``). A reading pooled over every layer and head, as before, is kept as
+    ``routed_reachable_pooled`` (``routed_p_pooled``, ``routed_z_pooled``, ``routed_evidence_mass``,
+    ``routed_null_mass``, ``routed_null_q95``): most heads never look at the evidence, so the pooled
+    mean is insensitive at the full cache (Qwen2.5-0.5B, which answers 75% of the mask-control items,
+    read 0.00 there). Both tests need ``ceil(1 / route_alpha) − 1`` null sources (19 at 0.05) and read
+    undecided (None) in a document too short to hold that many disjoint copies of the evidence (a
+    3-sentence passage whose evidence is one sentence). ``routed_reachable_uncalibrated`` keeps the first rule (some head attends above ε
+    a kept token whose share is ≥ τ · the best evidence token's), which is true almost everywhere.
     """
 
     name = "routes"
     needs = frozenset({"attention", "routes"})
-    fields = ("routed_reachable", "routed_evidence_mass", "routed_null_mass", "routed_null_q95", "routed_z",
-              "routed_p", "routed_null_draws", "routed_reachable_uncalibrated")
+    fields = ("routed_reachable", "routed_p", "routed_z", "routed_layer", "routed_kind", "routed_null_draws",
+              "routed_reachable_pooled", "routed_p_pooled", "routed_z_pooled", "routed_evidence_mass",
+              "routed_null_mass", "routed_null_q95", "routed_reachable_uncalibrated")
 
     def compute(self, ctx: CellContext) -> dict[str, Any]:
         ev = ctx.context_positions(ctx.prompt.evidence_positions)
@@ -279,12 +375,23 @@ class RoutedReachability(Metric):
         T = ctx.T
         share = ctx.evidence_share  # [L, T]
         a = ctx.output.last_attention[..., :T]  # [L, H, T]; evicted entries have exactly 0
+        L = a.shape[0]
         best = share[:, ev].max(dim=1, keepdim=True).values.clamp(min=1e-12)  # [L, 1]
         carries = share >= ctx.settings.route_tau * best  # [L, T]
         eps = visible_threshold(ctx)  # [L, H]
         hit = (a > eps.to(a.device)[..., None]) & carries.to(a.device)[:, None, :]  # [L, H, T]
         m_ev = float(read_mass(a, share))
         null = ctx.null_share
-        m_null = read_mass(a, null).cpu() if null is not None and null.shape[-1] else torch.zeros(0)
-        return {"routed_evidence_mass": m_ev, **null_test(m_ev, m_null, ctx.settings.route_alpha),
+        has_null = null is not None and null.shape[-1] > 0
+        m_null = read_mass(a, null).cpu() if has_null else torch.zeros(0)
+        pooled = null_test(m_ev, m_null, ctx.settings.route_alpha)
+        sources = torch.cat([share[..., None].to(null.dtype), null], dim=-1) if has_null else share[..., None]
+        ind = (sources[0] > 0).float()  # [T, S]: layer 0's input is each source's indicator
+        test = max_test(layer_statistics(a, sources), ctx.settings.route_alpha, overlap=(ind.T @ ind) > 0)
+        col = test.pop("routed_column")
+        return {**test, "routed_layer": None if col is None else col % L + 1,
+                "routed_kind": None if col is None else ("direct" if col < L else "rollout"),
+                "routed_reachable_pooled": pooled["routed_reachable"], "routed_p_pooled": pooled["routed_p"],
+                "routed_z_pooled": pooled["routed_z"], "routed_evidence_mass": m_ev,
+                "routed_null_mass": pooled["routed_null_mass"], "routed_null_q95": pooled["routed_null_q95"],
                 "routed_reachable_uncalibrated": bool(hit.any())}
