@@ -253,17 +253,6 @@ class Accessibility(Metric):
         }
 
 
-def read_mass(attn: torch.Tensor, share: torch.Tensor) -> torch.Tensor:
-    """Source content read by the last prompt token: ``Σ_t a[ℓ, h, t] · share[ℓ, t(, j)]`` averaged
-    over (layer, query head). ``attn`` ``[L, H, T]`` (evicted entries exactly 0); ``share`` ``[L, T]``
-    gives a scalar tensor, ``[L, T, n]`` gives ``[n]`` (one per source)."""
-    L, H = attn.shape[:2]
-    a = attn.float()
-    if share.dim() == 2:
-        return torch.einsum("lht,lt->", a, share.float().to(a.device)) / (L * H)
-    return torch.einsum("lht,ltn->n", a, share.float().to(a.device)) / (L * H)
-
-
 def null_test(m_ev: float, m_null: torch.Tensor, alpha: float) -> dict[str, Any]:
     """Calibrate the evidence statistic against its null draws (a one-sided rank test).
 
@@ -380,14 +369,16 @@ class RoutedReachability(Metric):
         carries = share >= ctx.settings.route_tau * best  # [L, T]
         eps = visible_threshold(ctx)  # [L, H]
         hit = (a > eps.to(a.device)[..., None]) & carries.to(a.device)[:, None, :]  # [L, H, T]
-        m_ev = float(read_mass(a, share))
         null = ctx.null_share
         has_null = null is not None and null.shape[-1] > 0
-        m_null = read_mass(a, null).cpu() if has_null else torch.zeros(0)
-        pooled = null_test(m_ev, m_null, ctx.settings.route_alpha)
         sources = torch.cat([share[..., None].to(null.dtype), null], dim=-1) if has_null else share[..., None]
+        stats = layer_statistics(a, sources)  # [S, 2L]
+        # the pooled statistic (the routed read over every layer and head) is the mean of the per-layer reads
+        pooled_mass = stats[:, L:].double().mean(dim=1)
+        m_ev = float(pooled_mass[0])
+        pooled = null_test(m_ev, pooled_mass[1:], ctx.settings.route_alpha)
         ind = (sources[0] > 0).float()  # [T, S]: layer 0's input is each source's indicator
-        test = max_test(layer_statistics(a, sources), ctx.settings.route_alpha, overlap=(ind.T @ ind) > 0)
+        test = max_test(stats, ctx.settings.route_alpha, overlap=(ind.T @ ind) > 0)
         col = test.pop("routed_column")
         return {**test, "routed_layer": None if col is None else col % L + 1,
                 "routed_kind": None if col is None else ("direct" if col < L else "rollout"),
