@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -36,9 +37,44 @@ from kvroute.progress import PlainProgress, PlainTask
 console = Console()
 err_console = Console(stderr=True)
 
-app = typer.Typer(help="kvroute: what KV-cache compression does to an LLM's attention routing.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-models_app = typer.Typer(help="The embedded model zoo.", no_args_is_help=True)
+
+
+def _interruptible(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f`` with Ctrl-C turned into kvroute's one-line "interrupted" (exit 130) instead of click's "Aborted!".
+
+    Commands that can say more (sweep, demo: what was kept, how to resume) raise their own
+    :class:`~kvroute.errors.Interrupted`, which passes through unchanged.
+    """
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except KeyboardInterrupt:
+            from kvroute.errors import Interrupted
+
+            raise Interrupted("interrupted; every output is written whole or not at all, so nothing partial "
+                              "was left behind") from None
+
+    return wrapper
+
+
+class _App(typer.Typer):
+    """A Typer app whose every command is :func:`_interruptible` (one mechanism for all commands)."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        register = super().command(*args, **kwargs)
+
+        def decorator(f: Callable[..., Any]) -> Callable[..., Any]:
+            register(_interruptible(f))
+            return f
+
+        return decorator
+
+
+app = _App(help="kvroute: what KV-cache compression does to an LLM's attention routing.",
+           no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+models_app = _App(help="The embedded model zoo.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
 
@@ -443,7 +479,7 @@ def export(
     console.print(f"[green]wrote[/green] {n} records to {path}")
 
 
-presses_app = typer.Typer(help="Scorers and selection strategies (a press is scorer or scorer+selection).",
+presses_app = _App(help="Scorers and selection strategies (a press is scorer or scorer+selection).",
                           no_args_is_help=True)
 app.add_typer(presses_app, name="presses")
 
@@ -629,7 +665,7 @@ def _compact(rec: dict) -> dict:
     return {k: r(v) for k, v in rec.items()}
 
 
-tasks_app = typer.Typer(help="Task families and real datasets: list, generate, show, import, niah, grid.", no_args_is_help=True)
+tasks_app = _App(help="Task families and real datasets: list, generate, show, import, niah, grid.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
 
 

@@ -323,3 +323,36 @@ def test_full_disk_keeps_the_store(case, free, match, finished_run, small_config
     assert leftovers == []  # no temp file, no partial export
     manifest = json.loads((out / "run-after" / MANIFEST_NAME).read_text())
     assert manifest["sessions"][0]["status"] == "complete"  # the earlier session's record is kept
+
+
+# Ctrl-C in any other command: kvroute's one line and exit 130, never click's "Aborted!" ----------------
+def _leaf_commands(group, path=()):
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):  # a group (typer carries its own copy of click)
+            yield from _leaf_commands(cmd, (*path, name))
+        else:
+            yield (*path, name), cmd
+
+
+def test_every_command_turns_ctrl_c_into_one_interrupted_line(finished_run, monkeypatch, capsys):
+    import typer
+
+    from kvroute.cli import app
+
+    leaves = dict(_leaf_commands(typer.main.get_command(app)))
+    assert len(leaves) > 10 and {("report",), ("models", "list"), ("tasks", "show")} <= set(leaves)
+    unwrapped = [" ".join(p) for p, cmd in leaves.items() if not hasattr(cmd.callback, "__wrapped__")]
+    assert unwrapped == []  # every command goes through the one Ctrl-C mechanism
+
+    def interrupt(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("kvroute.analysis.load.load_records", interrupt)
+    with pytest.raises(SystemExit) as e:
+        main(["report", str(finished_run), "--out", str(finished_run.parent / "never")])
+    err = capsys.readouterr().err
+    assert e.value.code == 130
+    assert "Aborted" not in err and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted;"), err
+    assert not (finished_run.parent / "never").exists()
