@@ -5,12 +5,18 @@ cache it must read reachable where the model answers. The placebo rows move each
 evidence spans, by one shift, to another stretch of its document (clear of the evidence and every
 answer mention) and drop its answer spans (the evidence positions hold the answer tokens too), then
 read the full cache and random again: nothing singles that stretch out, so the share called
-reachable there is the test's false-positive rate on real attention (nominal 0.05). Their accuracy
+reachable there is the test's false-positive rate on real attention (nominal 0.05). Each instance gets
+``--placebos`` such stretches, each with its own seed (so its own random mask and null draw); the
+rate's interval is an instance bootstrap (the cells of one instance are not independent). Their accuracy
 is the real answer's (the text is unchanged); their GER is undefined (no answer span).
 The pooled test (``routed_reachable_pooled``) and the uncalibrated rule are printed beside it.
 
     python benchmarks/routed_controls.py [--model smollm2-135m] [--family base] [--instances 24]
-        [--ratio 0.9 --ratio 0.95] [--tasks FILE.jsonl]
+        [--target-tokens 320] [--placebos 3] [--ratio 0.9 --ratio 0.95] [--tasks FILE.jsonl]
+
+A ``base`` passage of three sentences (~35 tokens) has no room for the 19 disjoint copies of its
+evidence the test needs, so generated instances are padded to ``--target-tokens`` (0: unpadded, and
+every cell reads undecided).
 """
 
 from __future__ import annotations
@@ -47,6 +53,18 @@ def placebo(inst, rng: random.Random):
     return dataclasses.replace(inst, evidence_spans=tuple((a + d, b + d) for a, b in spans), answer_spans=())
 
 
+def cluster_interval(groups: list[list[bool]], *, seed: int, n_boot: int = 2000) -> tuple[float, float]:
+    """95% percentile interval of the pooled share of True, resampling whole groups (instances)."""
+    rng = random.Random(seed)
+    shares = []
+    for _ in range(n_boot):
+        draw = [rng.choice(groups) for _ in groups]
+        n = sum(len(g) for g in draw)
+        shares.append(sum(sum(g) for g in draw) / n if n else 0.0)
+    shares.sort()
+    return shares[int(0.025 * n_boot)], shares[int(0.975 * n_boot) - 1]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -55,6 +73,8 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=24)
     ap.add_argument("--ratio", type=float, action="append", default=None)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--target-tokens", type=int, default=320, help="pad generated contexts to ~this many tokens")
+    ap.add_argument("--placebos", type=int, default=3, help="placebo stretches per instance (each its own seed)")
     args = ap.parse_args()
     ratios = args.ratio or [0.9, 0.95]
     from kvroute.engine import Cell, Engine
@@ -68,7 +88,8 @@ def main() -> int:
 
         tasks = load_tasks(args.tasks)[: args.instances]
     else:
-        tasks = generate_tasks(TaskSpec(args.family, n=args.instances, seed=args.seed), lm.tokenizer)
+        spec = TaskSpec(args.family, n=args.instances, seed=args.seed, target_tokens=args.target_tokens or None)
+        tasks = generate_tasks(spec, lm.tokenizer)
     settings = RunSettings(max_new_tokens=8, metrics=("retention", "accessibility", "routes", "utilization"))
     engine = Engine(lm, settings.decode_settings())
     cells = [Cell("none", 0.0)] + [Cell(p, r) for p in PRESSES for r in ratios]
@@ -83,12 +104,15 @@ def main() -> int:
             continue
         for rec in run_instance(engine, inst, cells, settings=settings, seed=args.seed):
             rows[(rec["press"], rec["ratio"])].append(rec)
-        fake = placebo(inst, rng)
-        if fake is None:
-            continue
-        n_placebo += 1
-        for rec in run_instance(engine, fake, placebo_cells, settings=settings, seed=args.seed):
-            rows[("placebo: " + rec["press"], rec["ratio"])].append(rec)
+        drew = False
+        for k in range(args.placebos):
+            fake = placebo(inst, rng)
+            if fake is None:
+                break
+            drew = True
+            for rec in run_instance(engine, fake, placebo_cells, settings=settings, seed=args.seed + 1 + k):
+                rows[("placebo: " + rec["press"], rec["ratio"])].append({**rec, "source_id": inst.id})
+        n_placebo += drew
     secs = time.perf_counter() - t0
 
     def mean(xs: list) -> str:
@@ -118,14 +142,19 @@ def main() -> int:
                      f"{statistics.median(ps) if ps else float('nan'):.3f} | "
                      f"{won.most_common(1)[0][0] if won else '—'} | "
                      f"{sum(r['routed_reachable'] is None for r in rs)} |")
-    fp = [r["routed_reachable"] for k, rs in rows.items() if k[0].startswith("placebo") for r in rs
-          if r["routed_reachable"] is not None]
+    by_inst: dict[str, list[bool]] = collections.defaultdict(list)
+    for k, rs in rows.items():
+        if k[0].startswith("placebo"):
+            for r in rs:
+                if r["routed_reachable"] is not None:
+                    by_inst[r["source_id"]].append(bool(r["routed_reachable"]))
+    fp = [x for xs in by_inst.values() for x in xs]
     if fp:
         rate = sum(fp) / len(fp)
-        half = 1.96 * (rate * (1 - rate) / len(fp)) ** 0.5
-        lines += ["", f"False-positive rate on real attention (placebo rows, {len(fp)} cells of {n_placebo} instances): "
-                  f"{rate:.3f} ± {half:.3f} (normal 95% half-width; cells of one instance are not independent) "
-                  "against the nominal 0.05."]
+        lo, hi = cluster_interval(list(by_inst.values()), seed=args.seed)
+        lines += ["", f"False-positive rate on real attention (placebo rows, {len(fp)} cells of {n_placebo} instances, "
+                  f"{args.placebos} stretches each): {sum(fp)}/{len(fp)} = {rate:.3f}, 95% instance-bootstrap interval "
+                  f"[{lo:.3f}, {hi:.3f}], against the nominal 0.05."]
     lines += ["", f"{secs:.0f} s for {len(tasks)} instances × {len(cells)} cells (+ {len(placebo_cells)} placebo cells)."]
     print("\n".join(lines))
     write(f"routed_controls_{Path(args.tasks).stem if args.tasks else args.family}", lines)

@@ -29,6 +29,8 @@ class UnknownNameError(KvrouteError, KeyError):
         msg = f"unknown {kind} {name!r}"
         if close:
             msg += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+        elif self.choices or hint:
+            msg += "."
         if self.choices:
             msg += f" Known {plural or plural_of(kind)}: {', '.join(self.choices)}."
         if hint:

@@ -48,3 +48,8 @@ def test_suggest(name, expected):
 
 def test_suggest_nothing_close():
     assert suggest("zzzzzz", ["snapkv", "knorm"]) == []
+
+
+def test_unknown_name_with_nothing_close_is_still_a_sentence():
+    msg = str(UnknownNameError("backend", "spark", ["local", "ray"], hint="(ray needs a cluster)"))
+    assert msg == "unknown backend 'spark'. Known backends: local, ray. (ray needs a cluster)"
