@@ -226,6 +226,48 @@ def test_report_killed_at_a_random_point(mode, seed, reported_run, reference_rep
     assert temps(run) == []
 
 
+# SIGKILL during a sweep ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def eight_units(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A config of 8 units (prefills) × 3 cells and its uninterrupted run."""
+    p = tmp_path_factory.mktemp("faults-config8") / "eight.toml"
+    p.write_text(CONFIG.format(model=tiny, presses='["knorm"]', n=8))
+    run = tmp_path_factory.mktemp("faults-run8") / "run"
+    assert run_sweep(load_sweep_config(p), run).computed == 24
+    return p, run
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_sweep_killed_at_a_random_point_resumes_to_the_uninterrupted_records(seed, eight_units, tmp_path):
+    """Killed once the store holds a seeded number of units (0–3 of 8), plus a seeded 0–0.2 s: in a
+    prefill, a decode or a store transaction (the remaining units take seconds, so it is mid-sweep)."""
+    config, finished = eight_units
+    rng = random.Random(seed)
+    run = tmp_path / "run"
+    units = rng.choice([0, 1, 2, 3])
+    proc = subprocess.Popen([*KVROUTE, "sweep", str(config), "--out", str(run)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                (run / STORE_NAME).exists() and count(run) >= 3 * units):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL  # killed mid-sweep, not after it
+    done = count(run)
+    assert quick_check(run) == "ok"
+    assert done % 3 == 0 and 3 * units <= done < 24  # whole units only
+    assert cli(["sweep", config, "--out", run, "--resume"]) == 0
+    assert comparable(run) == comparable(finished)
+    assert temps(run) == []
+
+
 # SIGINT during a sweep; a kill -9'd session shown as interrupted -----------------------------------------
 def test_sigint_during_a_sweep_says_how_to_resume(small_config, finished_run, tmp_path):
     config = small_config
