@@ -62,7 +62,7 @@ def _interruptible(f: Callable[..., Any]) -> Callable[..., Any]:
 class _App(typer.Typer):
     """A Typer app whose every command is :func:`_interruptible` (one mechanism for all commands)."""
 
-    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:  # type: ignore[override]  # same arguments, passed through
         register = super().command(*args, **kwargs)
 
         def decorator(f: Callable[..., Any]) -> Callable[..., Any]:
