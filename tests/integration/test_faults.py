@@ -239,8 +239,9 @@ def eight_units(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_sweep_killed_at_a_random_point_resumes_to_the_uninterrupted_records(seed, eight_units, tmp_path):
-    """Killed once the store holds a seeded number of units (0–3 of 8), plus a seeded 0–0.2 s: in a
-    prefill, a decode or a store transaction (the remaining units take seconds, so it is mid-sweep)."""
+    """Killed once the store holds a seeded number of units (0–3 of 8), plus a seeded 0–20 ms: in a
+    prefill, a decode or a store transaction. A tiny-model unit takes ~50 ms, so at least five units
+    (~0.25 s) are still to come: the kill is mid-sweep however fast the machine."""
     config, finished = eight_units
     rng = random.Random(seed)
     run = tmp_path / "run"
@@ -251,8 +252,8 @@ def test_sweep_killed_at_a_random_point_resumes_to_the_uninterrupted_records(see
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline and not (
                 (run / STORE_NAME).exists() and count(run) >= 3 * units):
-            time.sleep(0.01)
-        time.sleep(rng.uniform(0, 0.2))
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, 0.02))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
