@@ -4,7 +4,8 @@ For every instance × press × ratio, kvroute decodes the cell from one shared p
 KeepMask; kvpress's own `KVPressTextGenerationPipeline` runs the same press on the same prompt
 (its own hooks, its own pruned or fake-key-masked cache). The greedy answers must agree token for
 token: the generated token ids (read off the pipeline's final ``tokenizer.decode`` call) and the
-text. Ends with the line `agreement: X/Y`.
+text (the comparison is :mod:`kvroute.presses.check`'s, as in ``kvroute presses check``). Ends with
+the line `agreement: X/Y`.
 
 The presses are every scorer in the registry that wraps a kvpress press (with kvpress's defaults),
 a few parameter variants that reach code paths the defaults skip on ~220-token contexts, and the
@@ -25,9 +26,9 @@ from pathlib import Path
 import torch
 
 from kvroute.engine import Cell, DecodeSettings, Engine
-from kvroute.engine.reference import kvpress_answer, kvpress_pipeline
+from kvroute.engine.reference import kvpress_pipeline
 from kvroute.models import load_model
-from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
+from kvroute.presses.check import compare_prompt
 from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
 
 # every registered kvpress scorer, then variants and selection wrappers (kvpress AdaKVPress / ChunkPress)
@@ -69,14 +70,6 @@ def main() -> int:
     tasks = instances(lm.tokenizer, args.n)
     engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens))
     pipe = kvpress_pipeline(lm)
-    ids: list[list[int]] = []  # the token ids kvpress's pipeline decodes into its answer
-    decode = lm.tokenizer.decode
-
-    def recording_decode(token_ids, *a, **kw):
-        ids.append([int(t) for t in token_ids])
-        return decode(token_ids, *a, **kw)
-
-    lm.tokenizer.decode = recording_decode
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     agree = total = 0
     per_press: dict[str, list[int]] = {p: [0, 0] for p in PRESSES}
@@ -84,23 +77,16 @@ def main() -> int:
     t_ours = t_ref = 0.0
     for k, inst in enumerate(tasks):
         prompt = build_prompt(lm.tokenizer, inst)
-        t0 = time.perf_counter()
-        res = engine.run(prompt, cells, seed=SEED)
-        t_ours += time.perf_counter() - t0
-        for cell, out in zip(cells, res.outputs, strict=True):
-            t0 = time.perf_counter()
-            ids.clear()
-            with seeded_kvpress_layers(lm.model, SEED):
-                ref = kvpress_answer(lm, prompt.kvpress_context, prompt.kvpress_question, cell.press, cell.ratio,
-                                     max_new_tokens=args.max_new_tokens, pipeline=pipe)
-            t_ref += time.perf_counter() - t0
-            same = ref == out.text and ids[-1] == out.tokens
-            agree += same
+        res = compare_prompt(engine, prompt, cells, seed=SEED, pipeline=pipe, prompt_id=inst.id)
+        t_ours += res.seconds_kvroute
+        t_ref += res.seconds_kvpress
+        for c in res.cells:
+            agree += c.agrees
             total += 1
-            per_press[cell.press][0] += same
-            per_press[cell.press][1] += 1
-            if not same:
-                diffs.append((inst.id, cell, f"{ref!r} {ids[-1]}", f"{out.text!r} {out.tokens}"))
+            per_press[c.cell.press][0] += c.agrees
+            per_press[c.cell.press][1] += 1
+            if not c.agrees:
+                diffs.append(c.describe())
         print(f"[{k + 1}/{len(tasks)}] {inst.family:<15} T={prompt.n_context:<4} agreement so far {agree}/{total}",
               flush=True)
     lines = [
@@ -127,7 +113,7 @@ def main() -> int:
         "",
     ]
     if diffs:
-        lines += ["Disagreements:", ""] + [f"- {i} {c.press}@{c.ratio}: kvpress {r} vs kvroute {o}" for i, c, r, o in diffs]
+        lines += ["Disagreements:", ""] + [f"- {d}" for d in diffs]
     lines.append(f"agreement: {agree}/{total}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")

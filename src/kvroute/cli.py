@@ -486,13 +486,22 @@ app.add_typer(presses_app, name="presses")
 
 @presses_app.command("list")
 def presses_list() -> None:
-    """List the registered scorers and selection strategies with their parameters and defaults."""
+    """List the scorers (built-in and installed plugins) and selection strategies with their parameters and defaults."""
     from kvroute.presses import SCORERS, SELECTIONS
+    from kvroute.presses.plugins import plugins, refused_line, source
 
     t = Table(title="scorers", show_lines=False)
-    for col in ("name", "parameters (defaults)", "notes", "description"):
+    for col in ("name", "source", "parameters (defaults)", "notes", "description"):
         t.add_column(col, overflow="fold")
-    for name, cls in SCORERS.items():
+    broken = []
+    found = [p.name for p in plugins() if p.problem is None]
+    for name in [*SCORERS.names(), *found]:
+        try:
+            cls = SCORERS.get(name)  # a plugin is imported here, and only here when listing
+        except KvrouteError as e:  # a broken plugin: its row says so, the other presses are listed
+            t.add_row(name, source(name), "-", "cannot be used", "failed to import (see below)")
+            broken.append(str(e))
+            continue
         params = ", ".join(f"{k}={v}" for k, v in cls.parameters().items()) or "-"
         notes = []
         if cls.needs_attentions is True:
@@ -501,8 +510,10 @@ def presses_list() -> None:
             notes.append("scored per ratio")
         if cls.needs_evidence is True:
             notes.append("needs evidence spans")
-        t.add_row(name, params, ", ".join(notes), cls.description)
+        t.add_row(name, source(name), params, ", ".join(notes), cls.description)
     console.print(t)
+    for line in broken + [refused_line(p) for p in plugins() if p.problem is not None]:
+        console.print(Text(line, style="yellow"))
     t = Table(title="selection strategies")
     for col in ("name", "parameters (defaults)", "description"):
         t.add_column(col, overflow="fold")
@@ -513,7 +524,72 @@ def presses_list() -> None:
 
     console.print("A press is [bold]scorer[/bold] or [bold]scorer+selection[/bold] (default selection: per_head), "
                   + escape("each with optional [key=value,...], e.g. expected_attention+adakv, "
-                           "snapkv[window_size=32]+chunk[chunk_length=256]."))
+                           "snapkv[window_size=32]+chunk[chunk_length=256]. A scorer of your own: "
+                           "module:Class (a kvpress ScorerPress or kvroute Scorer subclass), or a plugin "
+                           "installed under the entry-point group kvroute.presses."))
+
+
+@presses_app.command("check")
+def presses_check(
+    spec: Annotated[str, typer.Argument(help="Press: a built-in, module:Class or a plugin name, with [key=value] and +selection.")],
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Zoo name or local folder (default: a tiny random Llama built here, offline).")] = None,
+    ratios: Annotated[str, typer.Option("--ratios", help="Comma-separated ratios.")] = "0.25,0.5,0.75,0.9",
+    n: Annotated[int, typer.Option("--n", help="Generated base task instances.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed of random scorers (both sides) and of the tasks.")] = 0,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
+) -> None:
+    """Check a press against kvpress's own pipeline: equal generated tokens at every instance × ratio (exit 1 if not)."""
+    import tempfile
+
+    from kvroute.engine import Cell, DecodeSettings, Engine
+    from kvroute.engine.reference import kvpress_pipeline
+    from kvroute.models import save_tiny_model
+    from kvroute.presses import check_ratio
+    from kvroute.presses.check import compare_prompt, no_kvpress_counterpart
+    from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
+
+    rs = [check_ratio(r) for r in _csv(ratios, float) or []]
+    if not rs or any(r == 0 for r in rs):
+        raise KvrouteError(f"--ratios {ratios!r}: give compression ratios in (0, 1), e.g. 0.25,0.5,0.75,0.9")
+    if n < 1:
+        raise KvrouteError(f"--n {n}: give a positive number of instances")
+    DecodeSettings(max_new_tokens=max_new_tokens)  # a bad --max-new-tokens fails before the model loads
+    why = no_kvpress_counterpart(spec)  # also builds the press: bad names fail here, before the model loads
+    if why is not None:
+        console.print(f"{escape(spec)}: nothing to check; {escape(why)}", highlight=False, soft_wrap=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="kvroute-check-") as tmp:
+        source = model
+        if source is None:  # the default: a tiny random Llama, written and read back as any local folder is
+            from transformers.utils import logging as hf_logging
+
+            bar_on = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # its "Writing model shards" bar is no news here
+            try:
+                source = str(save_tiny_model(Path(tmp) / "tiny-llama"))
+            finally:
+                if bar_on:
+                    hf_logging.enable_progress_bar()
+        lm = load_model_cli(source, device, "float32")
+    instances = generate_tasks(TaskSpec("base", n=n, seed=seed), lm.tokenizer)
+    engine = Engine(lm, DecodeSettings(max_new_tokens=max_new_tokens))
+    pipe = kvpress_pipeline(lm)
+    cells = [Cell(spec, r) for r in rs]
+    agree = total = 0
+    with RichProgress().task(f"{spec} vs kvpress on {lm.name}", len(instances)) as bar:
+        for inst in instances:
+            res = compare_prompt(engine, build_prompt(lm.tokenizer, inst), cells, seed=seed, pipeline=pipe,
+                                 prompt_id=inst.id)
+            for c in res.cells:
+                agree += c.agrees
+                total += 1
+                if not c.agrees:
+                    console.print(f"mismatch {escape(c.describe())}", highlight=False, soft_wrap=True)
+            bar.advance()
+    console.print(f"agreement: {agree}/{total}", highlight=False)
+    if agree != total:
+        raise typer.Exit(1)
 
 
 @app.command()

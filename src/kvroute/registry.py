@@ -1,12 +1,15 @@
 """Name → object registries with did-you-mean errors.
 
 A registry name is also the CLI and config name of the thing it registers, so the same spelling
-works everywhere (``kvroute presses list`` shows exactly what a config may say).
+works everywhere (``kvroute presses list`` shows exactly what a config may say). A registry may also
+look further than what was registered (the scorers: a class by import path, installed plugins):
+``resolve`` is asked for a name that is not registered, so every caller of :meth:`Registry.get`
+sees those names without a special case of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar, overload
 
 from kvroute.errors import KvrouteError, UnknownNameError
@@ -17,10 +20,16 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """An ordered mapping of names to objects of one kind (``kind`` appears in error messages)."""
 
-    def __init__(self, kind: str, hint: str = "") -> None:
+    def __init__(self, kind: str, hint: str = "", *, resolve: Callable[[str], T | None] | None = None,
+                 more_names: Callable[[], Iterable[str]] | None = None) -> None:
+        """``resolve(name)``: the object for a name that is not registered, None if there is none (it may
+        raise its own error, e.g. for an import path that does not import); ``more_names()``: the names
+        it knows, offered as suggestions beside the registered ones."""
         self.kind = kind
         self.hint = hint
         self._items: dict[str, T] = {}
+        self._resolve = resolve
+        self._more_names = more_names
 
     @overload
     def register(self, name: str) -> Callable[[T], T]: ...
@@ -39,10 +48,13 @@ class Registry(Generic[T]):
         return add if obj is None else add(obj)
 
     def get(self, name: str) -> T:
-        try:
+        if name in self._items:
             return self._items[name]
-        except KeyError:
-            raise UnknownNameError(self.kind, name, self._items, self.hint) from None
+        found = self._resolve(name) if self._resolve is not None else None
+        if found is not None:
+            return found
+        more = [n for n in self._more_names() if n not in self._items] if self._more_names is not None else []
+        raise UnknownNameError(self.kind, name, [*self._items, *more], self.hint)
 
     def names(self) -> list[str]:
         return list(self._items)

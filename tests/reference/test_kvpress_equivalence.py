@@ -11,15 +11,10 @@ import pytest
 import torch
 
 from kvroute.engine import Cell, DecodeSettings, Engine
-from kvroute.engine.reference import (
-    kvpress_answer,
-    kvpress_logits,
-    kvpress_pipeline,
-    kvpress_press,
-    kvpress_prompt_ids,
-)
+from kvroute.engine.reference import kvpress_logits, kvpress_press, kvpress_prompt_ids
 from kvroute.models import tiny_model
 from kvroute.presses import SCORERS, build_press
+from kvroute.presses.check import compare_prompt
 from kvroute.presses.scorers import KvpressScorer
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
 from tests.masked_reference import masked_reference_logits
@@ -63,6 +58,9 @@ def registry_presses() -> list[str]:
 class Prompt:
     context_ids: list[int]
     question_ids: list[int]
+    kvpress_context: str = CONTEXT
+    kvpress_question: str = QUESTION
+    answer_prefix: str = ""
 
 
 _MODELS: dict[str, object] = {}
@@ -82,48 +80,31 @@ def _run(lm, presses, ratios=RATIOS):
     return c, q, cells, res
 
 
-def _kvpress_answer_ids(lm, pipe, spec, ratio, monkeypatch) -> tuple[str, list[int]]:
-    """kvpress pipeline's greedy answer and the token ids it decoded (read off its tokenizer.decode call)."""
-    seen: list[list[int]] = []
-    decode = lm.tokenizer.decode
-
-    def recording(ids, *args, **kwargs):
-        seen.append([int(i) for i in ids])
-        return decode(ids, *args, **kwargs)
-
-    monkeypatch.setattr(lm.tokenizer, "decode", recording)
-    try:
-        text = kvpress_answer(lm, CONTEXT, QUESTION, spec, ratio, max_new_tokens=MAX_NEW_TOKENS, pipeline=pipe)
-    finally:
-        monkeypatch.setattr(lm.tokenizer, "decode", decode)
-    return text, seen[-1]
-
-
-def _assert_matches_kvpress(arch, presses, monkeypatch):
+def _assert_matches_kvpress(arch, presses):
     lm = _model(arch)
-    c, q, cells, res = _run(lm, presses)
-    pipe = kvpress_pipeline(lm)
-    for cell, out in zip(cells, res.outputs, strict=True):
+    c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
+    cells = [Cell(p, r) for p in presses for r in RATIOS]
+    engine = Engine(lm, DecodeSettings(max_new_tokens=MAX_NEW_TOKENS, keep_logits=True))
+    res = compare_prompt(engine, Prompt(c, q), cells, seed=SEED)  # the comparison of `kvroute presses check`
+    for cmp in res.cells:
         with seeded_kvpress_layers(lm.model, SEED):
-            ref = kvpress_logits(lm, c, q, cell.press, cell.ratio)
-        torch.testing.assert_close(out.logits[0], ref[-1], atol=1e-4, rtol=0, msg=lambda m, cell=cell: f"{cell}: {m}")
-        with seeded_kvpress_layers(lm.model, SEED):
-            text, ids = _kvpress_answer_ids(lm, pipe, cell.press, cell.ratio, monkeypatch)
-        assert out.tokens == ids, (cell, out.tokens, ids)
-        assert out.text == text, cell
+            ref = kvpress_logits(lm, c, q, cmp.cell.press, cmp.cell.ratio)
+        torch.testing.assert_close(cmp.ours.logits[0], ref[-1], atol=1e-4, rtol=0,
+                                   msg=lambda m, cell=cmp.cell: f"{cell}: {m}")
+        assert cmp.agrees, cmp.describe()
 
 
 @pytest.mark.parametrize("press", registry_presses())
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_every_registered_kvpress_scorer_matches_kvpress(arch, press, monkeypatch):
+def test_every_registered_kvpress_scorer_matches_kvpress(arch, press):
     """Token ids, text and first-token logits equal to kvpress's pipeline at ratios 0.25/0.5/0.75/0.9."""
-    _assert_matches_kvpress(arch, [press], monkeypatch)
+    _assert_matches_kvpress(arch, [press])
 
 
 @pytest.mark.parametrize("press", VARIANTS + CHUNKED)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_scorer_variants_and_chunk_match_kvpress(arch, press, monkeypatch):
-    _assert_matches_kvpress(arch, [press], monkeypatch)
+def test_scorer_variants_and_chunk_match_kvpress(arch, press):
+    _assert_matches_kvpress(arch, [press])
 
 
 def test_the_registry_is_what_is_checked():

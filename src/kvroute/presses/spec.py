@@ -1,8 +1,10 @@
 """Press specifications: ``scorer`` or ``scorer+selection``, each with optional ``[key=value,...]``.
 
 Examples: ``snapkv``, ``expected_attention+adakv``, ``snapkv[window_size=32]+chunk[chunk_length=256]``,
-``oracle[base=knorm]+per_head``. Without a selection, ``per_head`` (kvpress ScorerPress semantics)
-is used. Parsing is separate from building, so configs can be validated before any model loads.
+``oracle[base=knorm]+per_head``, ``mypkg.presses:MyPress[alpha=2]+adakv`` (a class by import path,
+see :mod:`kvroute.presses.plugins`). Without a selection, ``per_head`` (kvpress ScorerPress
+semantics) is used. Parsing is separate from building, so configs can be validated before any model
+loads.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 
 from kvroute.errors import ConfigError
 
-_PART = re.compile(r"^\s*([A-Za-z_][\w]*)\s*(?:\[(.*)\])?\s*$")
+# a name: registered (snapkv), or dotted with a colon (an import path, checked where it is resolved)
+_PART = re.compile(r"^\s*([A-Za-z_][\w.:]*)\s*(?:\[(.*)\])?\s*$")
 DEFAULT_SELECTION = "per_head"
 
 

@@ -83,7 +83,22 @@ def _default(f: dataclasses.Field) -> Any:
     return None
 
 
-SCORERS: Registry[type[Scorer]] = Registry("scorer")
+def _outside(name: str) -> type[Scorer] | None:
+    from kvroute.presses.plugins import outside_scorer  # here, not at import: plugins builds on this module
+
+    return outside_scorer(name)
+
+
+def _plugin_names() -> list[str]:
+    from kvroute.presses.plugins import plugin_names
+
+    return plugin_names()
+
+
+# names not registered here are looked up as an import path (module:Class) or an installed plugin
+SCORERS: Registry[type[Scorer]] = Registry(
+    "scorer", "A press of your own: module:Class (a kvpress ScorerPress or kvroute Scorer subclass).",
+    resolve=_outside, more_names=_plugin_names)
 
 
 def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str, Any],

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from kvroute.errors import EngineError
+from kvroute.errors import ConfigError, EngineError, error_reason
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer
 
@@ -49,7 +49,11 @@ class KvpressScorer(Scorer):
 
     def __init__(self, **params: Any) -> None:
         self.params = params
-        self.press = self.press_cls(compression_ratio=0.0, **params)
+        try:
+            self.press = self.press_cls(compression_ratio=0.0, **params)
+        except (AssertionError, TypeError, ValueError) as e:  # the press's own checks of its parameters
+            raise ConfigError(f"scorer {self.name!r}: {self.press_cls.__name__} refused the parameters "
+                              f"{params}: {error_reason(e)}") from None
         rule = type(self).ratio_dependent_if
         if rule is not None:  # instance value; the class keeps True so `presses list` marks it
             self.ratio_dependent = bool(rule({**type(self).parameters(), **params}))  # type: ignore[misc]
@@ -156,12 +160,12 @@ def seeded_kvpress_layers(model: nn.Module, seed: int = 0) -> Iterator[None]:
                 h.remove()
 
 
-def register_kvpress(name: str, press_cls: type, description: str, *, needs_attentions: bool = False,
-                     ratio_dependent: bool = False, min_tokens_param: str | tuple[str, ...] | None = None,
-                     min_tokens_extra: int = 0, random_draws: bool = False,
-                     ratio_dependent_if: Callable[[dict[str, Any]], bool] | None = None,
-                     schema: dict[str, Param] | None = None) -> type[KvpressScorer]:
-    """Register ``press_cls`` under ``name`` as a kvroute scorer and return the adapter class.
+def kvpress_scorer(name: str, press_cls: type, description: str, *, needs_attentions: bool = False,
+                   ratio_dependent: bool = False, min_tokens_param: str | tuple[str, ...] | None = None,
+                   min_tokens_extra: int = 0, random_draws: bool = False,
+                   ratio_dependent_if: Callable[[dict[str, Any]], bool] | None = None,
+                   schema: dict[str, Param] | None = None) -> type[KvpressScorer]:
+    """The adapter class of ``press_cls`` under ``name`` (not registered; see :func:`register_kvpress`).
 
     ``schema``: the allowed range of each numeric parameter of the press (see :mod:`kvroute.presses.params`).
     ``ratio_dependent``: ``score()`` reads ``compression_ratio``, so the press is scored once per ratio;
@@ -171,7 +175,7 @@ def register_kvpress(name: str, press_cls: type, description: str, *, needs_atte
     """
     if ratio_dependent_if is not None:
         ratio_dependent = True
-    cls = type(f"{press_cls.__name__}Scorer", (KvpressScorer,), {
+    return type(f"{press_cls.__name__}Scorer", (KvpressScorer,), {
         "name": name, "description": description, "press_cls": press_cls,
         "needs_attentions": needs_attentions, "ratio_dependent": ratio_dependent,
         "min_tokens_param": min_tokens_param, "min_tokens_extra": min_tokens_extra,
@@ -179,5 +183,13 @@ def register_kvpress(name: str, press_cls: type, description: str, *, needs_atte
         "ratio_dependent_if": staticmethod(ratio_dependent_if) if ratio_dependent_if is not None else None,
         "schema": dict(schema or {}),
     })
+
+
+def register_kvpress(name: str, press_cls: type, description: str, **options: Any) -> type[KvpressScorer]:
+    """Register ``press_cls`` under ``name`` as a kvroute scorer and return the adapter class.
+
+    ``options`` are :func:`kvpress_scorer`'s (ratio dependence, preconditions, random draws, schema).
+    """
+    cls = kvpress_scorer(name, press_cls, description, **options)
     SCORERS.register(name, cls)
     return cls

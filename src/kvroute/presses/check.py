@@ -1,0 +1,132 @@
+"""kvroute's masked answers against kvpress's pipeline, token for token (``kvroute presses check``).
+
+The one implementation of the comparison behind ``kvroute presses check``,
+``benchmarks/equivalence.py`` and the reference tests: kvroute decodes every (press, ratio) cell of
+a prompt from one shared prefill with a KeepMask; kvpress's ``KVPressTextGenerationPipeline`` runs
+the same press on the same text, with its own hooks and its own pruned cache. A cell agrees when the
+greedy answers are equal: the generated token ids (read off the pipeline's final
+``tokenizer.decode`` call, the only place they surface) and the text. Random scorers are seeded per
+(seed, layer) on both sides (:func:`~kvroute.presses.scorers.kvpress_adapter.seeded_kvpress_layers`).
+
+One kvpress quirk is read past: its generation loop tests for EOS from the second token on, so an
+answer whose first token is EOS goes on past its end there. kvpress's answer is then that one EOS
+token, where kvroute stops (seen on tiny random models, whose first token is sometimes EOS).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvroute.engine import Cell, Engine
+from kvroute.engine.decode import CellOutput
+from kvroute.engine.reference import kvpress_answer, kvpress_pipeline, kvpress_press
+from kvroute.errors import EngineError
+from kvroute.presses.press import build_press
+from kvroute.presses.scorers.kvpress_adapter import KvpressScorer, seeded_kvpress_layers
+
+DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
+
+
+class ReferencePrompt(Protocol):
+    """A prompt both sides can run: kvroute's token ids and the text kvpress turns into the same ids."""
+
+    context_ids: Sequence[int]
+    question_ids: Sequence[int]
+    kvpress_context: str
+    kvpress_question: str
+    answer_prefix: str
+
+
+@dataclass(frozen=True)
+class CellComparison:
+    """One cell of one prompt: kvroute's output and kvpress's answer (text and generated ids)."""
+
+    prompt_id: str
+    cell: Cell
+    ours: CellOutput
+    kvpress_text: str
+    kvpress_ids: list[int]
+
+    @property
+    def agrees(self) -> bool:
+        return self.ours.tokens == self.kvpress_ids and self.ours.text == self.kvpress_text
+
+    def describe(self) -> str:
+        return (f"{self.prompt_id} {self.cell.press}@{self.cell.ratio:g}: kvpress {self.kvpress_text!r} "
+                f"{self.kvpress_ids} vs kvroute {self.ours.text!r} {self.ours.tokens}")
+
+
+@dataclass(frozen=True)
+class PromptComparison:
+    cells: list[CellComparison]
+    seconds_kvroute: float  # one prefill, every cell batched
+    seconds_kvpress: float  # one pipeline call per cell
+
+
+def no_kvpress_counterpart(spec: str) -> str | None:
+    """Why ``spec`` has no kvpress press to compare with (a kvroute scorer or selection), or None if it has one."""
+    press = build_press(spec)
+    if not isinstance(press.scorer, KvpressScorer):
+        return f"{press.scorer.name} is a kvroute Scorer, not a kvpress press: kvpress has no press to compare it with"
+    try:
+        kvpress_press(spec, DEFAULT_RATIOS[0])
+    except EngineError as e:
+        return str(e)
+    return None
+
+
+@contextmanager
+def _recorded_decodes(tokenizer: Any) -> Iterator[list[list[int]]]:
+    """The token ids of every ``tokenizer.decode`` call inside the block (the method is restored after)."""
+    seen: list[list[int]] = []
+    own = "decode" in vars(tokenizer)
+    decode = tokenizer.decode
+
+    def recording(ids: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append([int(i) for i in ids])
+        return decode(ids, *args, **kwargs)
+
+    tokenizer.decode = recording
+    try:
+        yield seen
+    finally:
+        if own:
+            tokenizer.decode = decode
+        else:
+            del tokenizer.decode
+
+
+def kvpress_answer_ids(lm: Any, prompt: ReferencePrompt, spec: str, ratio: float, *, max_new_tokens: int,
+                       seed: int = 0, pipeline: Any = None) -> tuple[str, list[int]]:
+    """kvpress pipeline's greedy answer to ``prompt`` under ``spec`` at ``ratio``: its text and generated ids."""
+    with _recorded_decodes(lm.tokenizer) as seen, seeded_kvpress_layers(lm.model, seed):
+        text = kvpress_answer(lm, prompt.kvpress_context, prompt.kvpress_question, spec, ratio,
+                              max_new_tokens=max_new_tokens, answer_prefix=prompt.answer_prefix, pipeline=pipeline)
+    ids = seen[-1]
+    eos = lm.model.generation_config.eos_token_id  # the stop tokens of kvpress's loop (and kvroute's)
+    if len(ids) > 1 and ids[0] in (eos if isinstance(eos, list) else [eos]):  # the quirk (module doc)
+        ids = ids[:1]
+        text = lm.tokenizer.decode(ids, skip_special_tokens=True)
+    return text, ids
+
+
+def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell], *, seed: int = 0,
+                   pipeline: Any = None, prompt_id: str = "") -> PromptComparison:
+    """Every cell of ``prompt`` through kvroute's ``engine`` (one prefill) and through kvpress's pipeline."""
+    lm = engine.lm
+    pipe = pipeline or kvpress_pipeline(lm)
+    t0 = time.perf_counter()
+    res = engine.run(prompt, list(cells), seed=seed)
+    t_ours = time.perf_counter() - t0
+    out, t_ref = [], 0.0
+    for cell, ours in zip(cells, res.outputs, strict=True):
+        t0 = time.perf_counter()
+        text, ids = kvpress_answer_ids(lm, prompt, cell.press, cell.ratio, seed=seed, pipeline=pipe,
+                                       max_new_tokens=engine.settings.max_new_tokens)
+        t_ref += time.perf_counter() - t0
+        out.append(CellComparison(prompt_id, cell, ours, text, ids))
+    return PromptComparison(out, t_ours, t_ref)
