@@ -139,7 +139,7 @@ def test_sweep_config_by_import_path_and_entry_point_resumes(tiny, tmp_path, cap
 
 def test_entry_point_press_is_listed_run_and_checked(tiny, tasks, tmp_path, capsys, monkeypatch):
     declare_plugins(tmp_path / "site", monkeypatch, {"vknorm": PRESS})
-    monkeypatch.setattr(kvroute.cli.console, "width", 240)  # one table row per line
+    monkeypatch.setenv("COLUMNS", "240")  # one table row per line (the console reads it on every print)
     code, stdout, err = cli(["presses", "list"], capsys)
     assert code == 0, err
     row = next(line for line in stdout.splitlines() if line.startswith("│ vknorm "))
