@@ -24,6 +24,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,20 +76,22 @@ def temps(folder: Path) -> list[str]:
 
 
 def kill_during(argv: list, folder: Path, *, mode: str, seed: int, delay: tuple[float, float] = (0.3, 3.0),
-                limit: float = 60) -> int:
+                limit: float = 60, until: Callable[[], bool] | None = None) -> int:
     """Run ``kvroute ARGV`` in a subprocess and SIGKILL it; returns its exit code (-9, or 0 if it finished first).
 
     ``mode="temp"``: the moment a temporary appears in ``folder`` (the write has begun), plus a seeded
-    0–10 ms; ``mode="delay"``: after a seeded time in ``delay`` (import, reading, analysing or writing).
+    0–10 ms; ``mode="until"``: the moment ``until()`` holds, plus a seeded time in ``delay``;
+    ``mode="delay"``: after a seeded time in ``delay`` (import, reading, analysing or writing).
     """
     rng = random.Random(seed)
     proc = subprocess.Popen([*KVROUTE, *map(str, argv)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        if mode == "temp":
+        if mode in ("temp", "until"):
+            ready = until if mode == "until" and until is not None else (lambda: bool(temps(folder)))
             deadline = time.monotonic() + limit
-            while proc.poll() is None and not temps(folder) and time.monotonic() < deadline:
+            while proc.poll() is None and not ready() and time.monotonic() < deadline:
                 time.sleep(0.0005)
-            time.sleep(rng.uniform(0, 0.01))
+            time.sleep(rng.uniform(*delay) if mode == "until" else rng.uniform(0, 0.01))
         else:
             time.sleep(rng.uniform(*delay))
         proc.send_signal(signal.SIGKILL)
@@ -243,24 +246,11 @@ def test_sweep_killed_at_a_random_point_resumes_to_the_uninterrupted_records(see
     prefill, a decode or a store transaction. A tiny-model unit takes ~50 ms, so at least five units
     (~0.25 s) are still to come: the kill is mid-sweep however fast the machine."""
     config, finished = eight_units
-    rng = random.Random(seed)
     run = tmp_path / "run"
-    units = rng.choice([0, 1, 2, 3])
-    proc = subprocess.Popen([*KVROUTE, "sweep", str(config), "--out", str(run)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and not (
-                (run / STORE_NAME).exists() and count(run) >= 3 * units):
-            time.sleep(0.001)
-        time.sleep(rng.uniform(0, 0.02))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL  # killed mid-sweep, not after it
+    units = random.Random(seed).choice([0, 1, 2, 3])
+    code = kill_during(["sweep", config, "--out", run], tmp_path, mode="until", seed=seed, delay=(0, 0.02),
+                       limit=120, until=lambda: (run / STORE_NAME).exists() and count(run) >= 3 * units)
+    assert code == -signal.SIGKILL  # killed mid-sweep, not after it
     done = count(run)
     assert quick_check(run) == "ok"
     assert done % 3 == 0 and 3 * units <= done < 24  # whole units only
