@@ -38,7 +38,6 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-
 def _interruptible(f: Callable[..., Any]) -> Callable[..., Any]:
     """``f`` with Ctrl-C turned into kvroute's one-line "interrupted" (exit 130) instead of click's "Aborted!".
 
@@ -480,7 +479,7 @@ def export(
 
 
 presses_app = _App(help="Scorers and selection strategies (a press is scorer or scorer+selection).",
-                          no_args_is_help=True)
+                   no_args_is_help=True)
 app.add_typer(presses_app, name="presses")
 
 
