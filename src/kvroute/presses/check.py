@@ -34,11 +34,20 @@ DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 class ReferencePrompt(Protocol):
     """A prompt both sides can run: kvroute's token ids and the text kvpress turns into the same ids."""
 
-    context_ids: Sequence[int]
-    question_ids: Sequence[int]
-    kvpress_context: str
-    kvpress_question: str
-    answer_prefix: str
+    @property
+    def context_ids(self) -> Sequence[int]: ...
+
+    @property
+    def question_ids(self) -> Sequence[int]: ...
+
+    @property
+    def kvpress_context(self) -> str: ...
+
+    @property
+    def kvpress_question(self) -> str: ...
+
+    @property
+    def answer_prefix(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +132,9 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
     res = engine.run(prompt, list(cells), seed=seed)
     t_ours = time.perf_counter() - t0
     out, t_ref = [], 0.0
-    for cell, ours in zip(cells, res.outputs, strict=True):
+    for i, (cell, ours) in enumerate(zip(cells, res.outputs, strict=True)):
+        if ours is None:  # only with cell_errors=True, which this run does not ask for
+            raise EngineError(f"cell {cell.press} @ {cell.ratio}: {res.errors.get(i, 'no output')}")
         t0 = time.perf_counter()
         text, ids = kvpress_answer_ids(lm, prompt, cell.press, cell.ratio, seed=seed, pipeline=pipe,
                                        max_new_tokens=engine.settings.max_new_tokens)
