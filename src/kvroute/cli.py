@@ -487,14 +487,13 @@ app.add_typer(presses_app, name="presses")
 def presses_list() -> None:
     """List the scorers (built-in and installed plugins) and selection strategies with their parameters and defaults."""
     from kvroute.presses import SCORERS, SELECTIONS
-    from kvroute.presses.plugins import plugins, refused_line, source
+    from kvroute.presses.plugins import plugin_names, plugins, refused_line, source
 
     t = Table(title="scorers", show_lines=False)
     for col in ("name", "source", "parameters (defaults)", "notes", "description"):
         t.add_column(col, overflow="fold")
     broken = []
-    found = [p.name for p in plugins() if p.problem is None]
-    for name in [*SCORERS.names(), *found]:
+    for name in [*SCORERS.names(), *plugin_names()]:
         try:
             cls = SCORERS.get(name)  # a plugin is imported here, and only here when listing
         except KvrouteError as e:  # a broken plugin: its row says so, the other presses are listed

@@ -18,6 +18,11 @@ class ConfigError(KvrouteError, ValueError):
     """A configuration value is missing, malformed or out of range."""
 
 
+def did_you_mean(close: Iterable[str]) -> str:
+    """``did you mean 'a' or 'b'?`` for the closest names (see :func:`suggest`)."""
+    return f"did you mean {' or '.join(repr(c) for c in close)}?"
+
+
 class UnknownNameError(KvrouteError, KeyError):
     """A name (model, press, scorer, task family, metric, ...) is not registered."""
 
@@ -28,7 +33,7 @@ class UnknownNameError(KvrouteError, KeyError):
         close = suggest(name, self.choices)
         msg = f"unknown {kind} {name!r}"
         if close:
-            msg += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+            msg += f"; {did_you_mean(close)}"
         elif self.choices or hint:
             msg += "."
         if self.choices:

@@ -42,7 +42,7 @@ from importlib.metadata import EntryPoint, entry_points
 from types import FunctionType, ModuleType
 from typing import Any
 
-from kvroute.errors import ConfigError, error_reason, suggest
+from kvroute.errors import ConfigError, did_you_mean, error_reason, suggest
 from kvroute.presses.scorers.base import SCORERS, Scorer
 from kvroute.presses.scorers.kvpress_adapter import KvpressScorer, kvpress_scorer
 
@@ -64,6 +64,11 @@ class Plugin:
     dist: str  # the distribution that declares it
     entry_point: EntryPoint = field(compare=False, repr=False)
     problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``press plugin 'name' (module:Class, from dist)``."""
+        return f"press plugin {self.name!r} ({self.value}, from {self.dist})"
 
 
 def is_import_path(name: str) -> bool:
@@ -97,7 +102,7 @@ def plugins() -> tuple[Plugin, ...]:
 
 
 def refused_line(plugin: Plugin) -> str:
-    return f"press plugin {plugin.name!r} ({plugin.value}, from {plugin.dist}) is refused: {plugin.problem}"
+    return f"{plugin.label} is refused: {plugin.problem}"
 
 
 def plugin_names() -> list[str]:
@@ -122,7 +127,7 @@ def outside_scorer(name: str) -> type[Scorer] | None:
         plugin = next((p for p in plugins() if p.name == name and p.problem is None), None)
         if plugin is None:
             return None
-        cls = scorer_class(name, load_plugin(plugin), f"press plugin {name!r} ({plugin.value}, from {plugin.dist})")
+        cls = scorer_class(name, load_plugin(plugin), plugin.label)
     _RESOLVED[name] = cls
     return cls
 
@@ -131,8 +136,7 @@ def load_plugin(plugin: Plugin) -> Any:
     try:
         return plugin.entry_point.load()
     except Exception as e:  # the plugin's own import error, whatever it is, is the plugin's fault
-        raise ConfigError(f"press plugin {plugin.name!r} ({plugin.value}, from {plugin.dist}) failed to import: "
-                          f"{error_reason(e)}") from None
+        raise ConfigError(f"{plugin.label} failed to import: {error_reason(e)}") from None
 
 
 def import_object(path: str) -> Any:
@@ -151,7 +155,7 @@ def import_object(path: str) -> Any:
             presses = [n for n in public if _is_press_class(getattr(obj, n, None))]
             msg = f"press {path!r}: {where} has no attribute {part!r}"
             if close:
-                msg += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+                msg += f"; {did_you_mean(close)}"
             elif presses:
                 msg += f"; its press classes: {', '.join(presses)}"
             raise ConfigError(msg)
@@ -173,7 +177,7 @@ def _import_module(mod_name: str, path: str) -> ModuleType:
         close = suggest(leaf, modules, n=2)
         msg = f"press {path!r}: no module named {missing!r}"
         if close:
-            msg += f" (did you mean {' or '.join(repr(f'{parent}.{c}' if parent else c) for c in close)}?)"
+            msg += f" ({did_you_mean(f'{parent}.{c}' if parent else c for c in close)})"
         raise ConfigError(msg + "; the module must be importable: install its package, or add the folder that "
                           "holds it to PYTHONPATH") from None
     except Exception as e:  # a module that raises while it is imported: the user's code, reported in one line
