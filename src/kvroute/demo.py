@@ -90,8 +90,8 @@ def _save_survival(run_dir: Path, lm: Any, instance: Any) -> Path:
     prompt = build_prompt(lm.tokenizer, instance)
     press = build_press(SURVIVAL_PRESS)
     press.scorer.setup(lm.model)
-    req = ScoreRequest("s", press.scorer, press.selection.score_variant(),
-                       SURVIVAL_RATIO if press.scorer.ratio_dependent else None)
+    req = ScoreRequest("s", press.scorer, press.selection,
+                       SURVIVAL_RATIO if press.scorer.ratio_dependent or press.selection.scores_per_ratio else None)
     pre = prefill(lm.model, prompt.context_ids, [req])
     mask = press.keep_mask(pre.scores["s"], SURVIVAL_RATIO).mask.cpu().numpy()
     ev = [p for p in prompt.evidence_positions if p < prompt.n_context]

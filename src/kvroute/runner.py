@@ -138,7 +138,8 @@ def _run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regim
     result = engine.run(prompt, cells, gold_ids=gold if "gold" in needs else None,
                         evidence=ev, track=track, seed=seed, captures=[rollout] if rollout else [],
                         lens_ids=list(cands.ids) if cands else None,
-                        lens_seqs=[list(s) for s in cands.seqs] if cands else None, cell_errors=True)
+                        lens_seqs=[list(s) for s in cands.seqs] if cands else None, cell_errors=True,
+                        question_window=prompt.question_window)
     return records_from_result(instance, prompt, result, regime=regime, seed=seed, settings=settings,
                                model_name=model_name, group_size=lm.info.group_size,
                                evidence_share=rollout.shares() if rollout else None,

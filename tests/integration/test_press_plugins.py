@@ -17,7 +17,6 @@ from typing import ClassVar
 import pytest
 import torch
 
-import kvroute.cli
 from kvroute.models import save_tiny_model
 from kvroute.presses import build_press
 from kvroute.presses import plugins as plugins_mod

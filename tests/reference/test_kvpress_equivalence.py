@@ -1,19 +1,31 @@
 """kvroute's masked engine against kvpress's own code paths, on tiny random models (fp32).
 
-Every scorer registered through the kvpress adapter is checked here, read from the registry: a
-kvpress scorer registered later is in this test the moment it is registered, so it cannot land
-without answering token for token as kvpress's pipeline does at every ratio below.
+Both registries are read here. Every scorer registered through the kvpress adapter is checked with
+its default selection (in the regime it needs: finch scores by the question, so its prompt holds
+the question), and every selection strategy is checked on the press specs of ``SELECTION_CASES``
+or declared kvroute's own (``OWN_SELECTIONS``). A scorer or selection registered later is in these
+tests the moment it is registered, so it cannot land without answering as kvpress does.
+
+Two ways kvpress applies a selection, two checks. Presses that prune (ScorerPress, ChunkPress,
+ChunkKV, Block, CriticalKV, Pyramid, Finch) must give the same generated token ids, text and
+first-token logits as kvpress's pipeline. Presses that mask with kvpress's "fake keys" (AdaKV,
+CriticalAdaKV, KVzip's global selection) must select exactly kvpress's masks, and decode exactly
+under them (the independent masked reference); kvpress's fake keys only push a logit below zero, so
+its own text leaks attention onto evicted entries and is no reference on random tiny models.
 """
 
 from dataclasses import dataclass
+from functools import cache
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from kvroute.engine import Cell, DecodeSettings, Engine
-from kvroute.engine.reference import kvpress_logits, kvpress_press, kvpress_prompt_ids
+from kvroute.engine.reference import _attn, kvpress_logits, kvpress_press, kvpress_prompt_ids
+from kvroute.errors import EngineError
 from kvroute.models import tiny_model
-from kvroute.presses import SCORERS, build_press
+from kvroute.presses import SCORERS, SELECTIONS, build_press
 from kvroute.presses.check import compare_prompt
 from kvroute.presses.scorers import KvpressScorer
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
@@ -36,11 +48,29 @@ TINY_PARAMS = {"snapkv": "window_size=16"}
 VARIANTS = ("lagkv[lag_size=16]", "lagkv[lag_size=16,cross_scoring=true]", "leverage[sketch_dimension=8]",
             "cur[use_random_leverage=true]", "cur[leverage_type=kv_avg,use_local_approximation=false]",
             "non_causal_attention[chunk_size=48]", "compactor[chunk_size=32,sketch_dimension=8]",
-            "compactor[blending=0.5,sink_size_end=0]", "cap[tau=1.0,n_future_positions=64]", "kvpress_random[seed=3]")
+            "compactor[blending=0.5,sink_size_end=0]", "cap[tau=1.0,n_future_positions=64]", "kvpress_random[seed=3]",
+            "finch[normalize_scores=false]", "kvzip[chunk_size=40]", "kvzip[kvzip_plus_normalization=true]")
 CHUNKED = ("expected_attention+chunk[chunk_length=64]", "snapkv[window_size=16]+chunk[chunk_length=80]",
            # random scorers under chunking: the chunks of a layer continue one stream, as in kvpress's ChunkPress
            "leverage[sketch_dimension=8]+chunk[chunk_length=48]",
            "compactor[chunk_size=16,sketch_dimension=8]+chunk[chunk_length=64]")
+# Every selection: the presses that check it against kvpress (pruning presses first; see the module doc).
+SELECTION_CASES = {
+    "per_head": ("knorm+per_head", "snapkv[window_size=16]+per_head"),
+    "chunk": CHUNKED + ("finch+chunk[chunk_length=160,rescore=false]",),
+    "chunkkv": ("knorm+chunkkv", "expected_attention+chunkkv[chunk_length=7]", "snapkv[window_size=16]+chunkkv"),
+    "block": ("knorm+block[block_size=16]", "expected_attention+block[block_size=40]",
+              "snapkv[window_size=16]+block[block_size=32]"),
+    "criticalkv": ("expected_attention+criticalkv", "snapkv[window_size=16]+criticalkv[first_stage_ratio=0.2]",
+                   "knorm+criticalkv[first_stage_ratio=0,epsilon=0.01]"),
+    "pyramid": ("snapkv[window_size=16]+pyramid[window_size=16]", "snapkv[window_size=8]+pyramid[window_size=8,beta=4]"),
+    "adakv": ("expected_attention+adakv", "knorm+adakv[alpha_safeguard=0.5]", "snapkv[window_size=16]+adakv"),
+    "critical_adakv": ("expected_attention+critical_adakv", "knorm+critical_adakv[alpha_safeguard=0.5]",
+                       "snapkv[window_size=16]+critical_adakv[first_stage_ratio=0.3]"),
+    "global": ("kvzip", "kvzip+global[per_layer=true]", "kvzip[n_sink=8,chunk_size=50]+global"),
+}
+MASKED_BY_KVPRESS = {"adakv", "critical_adakv", "global"}  # kvpress applies them with fake keys
+OWN_SELECTIONS = {"routes", "shared"}  # kvroute's own: no kvpress press selects this way (tests/unit checks them)
 # kvroute's own scorers: no kvpress reference (checked by their own control tests, tests/integration).
 OWN_SCORERS = {"random", "oracle", "anti_oracle"}
 
@@ -61,15 +91,30 @@ class Prompt:
     kvpress_context: str = CONTEXT
     kvpress_question: str = QUESTION
     answer_prefix: str = ""
+    question_window: int = 0
 
 
-_MODELS: dict[str, object] = {}
+@cache
+def _model(arch, big=False):
+    """A tiny model; ``big``: head_dim 64, where kvpress's fake keys exist. Its tokenizer is saved where
+    ``config.name_or_path`` says, as kvpress's KVzip loads it from there."""
+    import tempfile
+
+    lm = tiny_model(arch, seed=0, **({"hidden": 256, "heads": 4, "kv_heads": 2} if big else {}))
+    folder = tempfile.mkdtemp(prefix="kvroute-tiny-tok-")
+    lm.tokenizer.save_pretrained(folder)
+    lm.model.config.name_or_path = folder
+    return lm
 
 
-def _model(arch):
-    if arch not in _MODELS:
-        _MODELS[arch] = tiny_model(arch, seed=0)
-    return _MODELS[arch]
+def _prompt(lm, spec):
+    """The prompt both sides run: the question inside the context for presses that score by it (finch)."""
+    if build_press(spec).scorer.needs_question_window:
+        c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT + QUESTION, "")
+        window = len(lm.tokenizer.encode(QUESTION, add_special_tokens=False))
+        return Prompt(c, q, CONTEXT + QUESTION, "", "", window)
+    c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
+    return Prompt(c, q)
 
 
 def _run(lm, presses, ratios=RATIOS):
@@ -80,44 +125,100 @@ def _run(lm, presses, ratios=RATIOS):
     return c, q, cells, res
 
 
-def _assert_matches_kvpress(arch, presses):
+def _masked_by_kvpress(spec):
+    return build_press(spec).selection.name in MASKED_BY_KVPRESS
+
+
+def _assert_matches_kvpress(arch, press):
+    """Tokens, text and first-token logits equal to kvpress's pipeline; masks for fake-key presses (module doc)."""
+    if _masked_by_kvpress(press):
+        return _assert_selects_as_kvpress(arch, press)
     lm = _model(arch)
-    c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
-    cells = [Cell(p, r) for p in presses for r in RATIOS]
+    prompt = _prompt(lm, press)
+    cells = [Cell(press, r) for r in RATIOS]
     engine = Engine(lm, DecodeSettings(max_new_tokens=MAX_NEW_TOKENS, keep_logits=True))
-    res = compare_prompt(engine, Prompt(c, q), cells, seed=SEED)  # the comparison of `kvroute presses check`
+    res = compare_prompt(engine, prompt, cells, seed=SEED)  # the comparison of `kvroute presses check`
+    compared = 0
     for cmp in res.cells:
+        if not cmp.comparable:  # kvpress's own precondition refuses this ratio (said in the reason)
+            assert "kvpress" in (cmp.no_reference or ""), cmp.describe()
+            continue
+        compared += 1
         with seeded_kvpress_layers(lm.model, SEED):
-            ref = kvpress_logits(lm, c, q, cmp.cell.press, cmp.cell.ratio)
+            ref = kvpress_logits(lm, prompt.context_ids, prompt.question_ids, cmp.cell.press, cmp.cell.ratio,
+                                 prompt.question_window)
         torch.testing.assert_close(cmp.ours.logits[0], ref[-1], atol=1e-4, rtol=0,
                                    msg=lambda m, cell=cmp.cell: f"{cell}: {m}")
         assert cmp.agrees, cmp.describe()
+    assert compared >= 2, f"{press}: kvpress ran only {compared} of {len(RATIOS)} ratios"
+
+
+def _kvpress_masks(lm, c, spec, ratio):
+    """The keep masks kvpress decides for a fake-key press, read from the indices it leaves on each module."""
+    press = kvpress_press(spec, ratio)
+    with torch.inference_mode(), _attn(lm, spec), press(lm.model):
+        lm.model.model(input_ids=torch.tensor([c]), past_key_values=DynamicCache(config=lm.model.config))
+    masks = []
+    for layer in lm.model.model.layers:
+        b, h, t = layer.self_attn.masked_key_indices
+        keep = torch.ones(lm.info.num_kv_heads, len(c), dtype=torch.bool)
+        keep[h, t] = False
+        masks.append(keep)
+        layer.self_attn.masked_key_indices = None
+    return torch.stack(masks)
+
+
+def _assert_selects_as_kvpress(arch, press):
+    lm = _model(arch, big=True)
+    c, q, cells, res = _run(lm, [press])
+    for cell, out, mask in zip(cells, res.outputs, res.masks, strict=True):
+        assert torch.equal(mask.mask, _kvpress_masks(lm, c, cell.press, cell.ratio)), cell
+        ref = masked_reference_logits(lm, c, q, mask.mask)
+        torch.testing.assert_close(out.logits[0], ref[-1], atol=1e-4, rtol=0, msg=lambda m, cell=cell: f"{cell}: {m}")
 
 
 @pytest.mark.parametrize("press", registry_presses())
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_every_registered_kvpress_scorer_matches_kvpress(arch, press):
-    """Token ids, text and first-token logits equal to kvpress's pipeline at ratios 0.25/0.5/0.75/0.9."""
-    _assert_matches_kvpress(arch, [press])
+    """Each scorer with its default selection: as kvpress's pipeline at ratios 0.25/0.5/0.75/0.9."""
+    _assert_matches_kvpress(arch, press)
 
 
-@pytest.mark.parametrize("press", VARIANTS + CHUNKED)
+@pytest.mark.parametrize("press", VARIANTS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_scorer_variants_and_chunk_match_kvpress(arch, press):
-    _assert_matches_kvpress(arch, [press])
+def test_scorer_variants_match_kvpress(arch, press):
+    _assert_matches_kvpress(arch, press)
+
+
+@pytest.mark.parametrize("press", [p for cases in SELECTION_CASES.values() for p in cases])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_every_registered_selection_matches_kvpress(arch, press):
+    _assert_matches_kvpress(arch, press)
 
 
 def test_the_registry_is_what_is_checked():
-    """Stale or misspelt entries here fail; a scorer outside the kvpress adapter must be declared kvroute's own."""
+    """Stale or misspelt entries here fail; a scorer outside the kvpress adapter must be declared kvroute's own,
+    and a selection must have kvpress cases or be declared kvroute's own."""
     registered = set(SCORERS.names())
     assert set(TINY_PARAMS) <= set(kvpress_scorers())
-    for spec in VARIANTS + CHUNKED:
+    for spec in VARIANTS:
         assert isinstance(build_press(spec).scorer, KvpressScorer), spec
     assert registered - set(kvpress_scorers()) == OWN_SCORERS, (
         "a scorer that does not wrap a kvpress press has no reference here: register kvpress presses through "
         "register_kvpress, or declare a kvroute scorer in OWN_SCORERS with its own control test")
     for name in kvpress_scorers():  # each is buildable with the parameters this test gives it
         build_press(dict(zip(kvpress_scorers(), registry_presses(), strict=True))[name])
+    assert set(SELECTIONS.names()) == set(SELECTION_CASES) | OWN_SELECTIONS, (
+        "every selection strategy needs kvpress cases in SELECTION_CASES, or is kvroute's own (OWN_SELECTIONS, "
+        "with its own tests)")
+    assert not set(SELECTION_CASES) & OWN_SELECTIONS
+    for name, cases in SELECTION_CASES.items():
+        for spec in cases:
+            assert build_press(spec).selection.name == name, spec
+            kvpress_press(spec, 0.5, question_window=1)  # has a kvpress counterpart
+    for name in OWN_SELECTIONS:
+        with pytest.raises(EngineError):
+            kvpress_press(f"knorm+{name}", 0.5)
 
 
 def test_random_scorers_depend_on_the_seed_and_only_on_it():
@@ -140,42 +241,3 @@ def test_compactor_scores_depend_on_the_ratio():
     assert build_press("compactor").scorer.ratio_dependent
     assert not build_press("compactor[blending=0.25]").scorer.ratio_dependent
     assert not torch.equal(res.masks[1].mask, frozen)
-
-
-def _kvpress_adakv_masks(lm, c, spec, ratio):
-    """The keep masks kvpress's AdaKVPress decides, read from the indices it stores on each module."""
-    press = kvpress_press(spec, ratio)
-    masks = []
-    original = press.compress
-
-    def recording(module, *args):
-        out = original(module, *args)
-        b, h, t = module.masked_key_indices
-        keep = torch.ones(lm.info.num_kv_heads, len(c), dtype=torch.bool)
-        keep[h, t] = False
-        masks.append(keep)
-        module.masked_key_indices = None
-        return out
-
-    press.compress = recording
-    from transformers import DynamicCache
-
-    with torch.inference_mode(), press(lm.model):
-        lm.model.model(input_ids=torch.tensor([c]), past_key_values=DynamicCache(config=lm.model.config))
-    return torch.stack(masks)
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_adakv_selects_exactly_what_kvpress_selects(arch):
-    lm = tiny_model(arch, seed=0, hidden=256, heads=4, kv_heads=2)  # head_dim 64: kvpress's fake keys exist
-    presses = ["expected_attention+adakv", "knorm+adakv[alpha_safeguard=0.5]", "snapkv[window_size=16]+adakv"]
-    c, q, cells, res = _run(lm, presses)
-    for cell, out, mask in zip(cells, res.outputs, res.masks, strict=True):
-        assert torch.equal(mask.mask, _kvpress_adakv_masks(lm, c, cell.press, cell.ratio)), cell
-        # kvpress applies AdaKV's masks by overwriting evicted keys with a "fake key" whose logit is only
-        # pushed below zero (on the tiny Llama it reaches about -3.5), so its attention leaks onto evicted
-        # entries. kvroute masks exactly; its logits equal the independent exact-mask reference. kvpress's
-        # generated text is therefore no reference here: on a random tiny model, whose next-token logits are
-        # nearly tied, the leak alone can flip the first token (it does on the tiny Llama at ratio 0.9).
-        ref = masked_reference_logits(lm, c, q, mask.mask)
-        torch.testing.assert_close(out.logits[0], ref[-1], atol=1e-4, rtol=0)

@@ -66,9 +66,11 @@ class Engine:
     def press(self, spec: str) -> Press:
         if spec not in self._presses:
             p = build_press(spec)
-            if id(p.scorer) not in self._setup_done:
-                p.scorer.setup(self.lm.model)
-                self._setup_done.add(id(p.scorer))
+            for scorer in (p.scorer, *p.selection.aux_scorers().values()):
+                if id(scorer) not in self._setup_done:
+                    scorer.setup(self.lm.model)
+                    scorer.setup_tokenizer(self.lm.tokenizer)
+                    self._setup_done.add(id(scorer))
             self._presses[spec] = p
         return self._presses[spec]
 
@@ -79,27 +81,34 @@ class Engine:
             if c.press != NO_PRESS:
                 self.press(c.press)
 
-    def _requests(self, cells: Sequence[Cell],
-                  skip: Mapping[int, str] | None = None) -> tuple[list[ScoreRequest], dict[int, Hashable]]:
+    def _requests(self, cells: Sequence[Cell], skip: Mapping[int, str] | None = None,
+                  ) -> tuple[list[ScoreRequest], dict[int, Hashable], dict[int, dict[str, Hashable]]]:
+        """The prefill's score requests (equal ones shared), each cell's key, and each cell's aux keys by name."""
         skip = skip or {}
         reqs: dict[Hashable, ScoreRequest] = {}
         cell_key: dict[int, Hashable] = {}
+        aux_keys: dict[int, dict[str, Hashable]] = {}
         for i, c in enumerate(cells):
             if c.press == NO_PRESS or c.ratio == 0 or i in skip:
                 continue
             p = self.press(c.press)
             variant = p.selection.score_variant()
-            ratio = c.ratio if p.scorer.ratio_dependent else None
+            ratio = c.ratio if (p.scorer.ratio_dependent or p.selection.scores_per_ratio) else None
             key = (str(p.scorer.spec()), variant, ratio)
-            reqs.setdefault(key, ScoreRequest(key, p.scorer, variant, ratio))
+            reqs.setdefault(key, ScoreRequest(key, p.scorer, p.selection, ratio))
             cell_key[i] = key
-        return list(reqs.values()), cell_key
+            for name, scorer in p.selection.aux_scorers().items():  # e.g. CriticalKV's value projections
+                aratio = c.ratio if scorer.ratio_dependent else None
+                akey = ("aux", str(scorer.spec()), aratio)
+                reqs.setdefault(akey, ScoreRequest(akey, scorer, None, aratio))
+                aux_keys.setdefault(i, {})[name] = akey
+        return list(reqs.values()), cell_key, aux_keys
 
     def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
             captures: Sequence[PrefillCapture] = (), decode_full: bool = True,
             lens_ids: Sequence[int] | None = None, lens_seqs: Sequence[Sequence[int]] | None = None,
-            cell_errors: bool = False) -> EngineResult:
+            cell_errors: bool = False, question_window: int = 0) -> EngineResult:
         """Prefill ``prompt.context_ids`` once, then decode every cell (plus the full cache) in batches.
 
         ``decode_full=False`` skips the full-cache reference when no cell keeps everything (answers
@@ -109,7 +118,9 @@ class Engine:
         ``track``: named sets of prompt positions whose attention mass from each generated token is
         recorded; ``gold_ids``: the gold answer's tokens, teacher-forced for its log-probability;
         ``lens_ids``: tokens whose per-layer logit lens at the last prompt token is recorded;
-        ``lens_seqs``: token sequences whose per-layer lens log-likelihood after the prompt is recorded.
+        ``lens_seqs``: token sequences whose per-layer lens log-likelihood after the prompt is recorded;
+        ``question_window``: the question's tokens at the end of the context (question-aware regime;
+        ``Prompt.question_window``), read by scorers that score by the question (finch).
 
         ``cell_errors=True``: a cell that fails with one of :data:`kvroute.errors.CELL_ERRORS` (its
         press's precondition or scoring, its mask, its decode) is left out — ``result.errors[i]`` holds
@@ -132,13 +143,17 @@ class Engine:
                                                   max((len(x) for x in lens_seqs or ()), default=0)))
         if T == 0:
             raise EngineError("the compressible part of the prompt is empty")
-        requests, cell_key = self._requests(cells, errors)
+        requests, cell_key, aux_keys = self._requests(cells, errors)
         failed: dict[Hashable, str] = {}  # score request key -> reason (cell_errors only)
         for r in requests:
             try:
                 r.scorer.check(T)
                 if r.scorer.needs_evidence and not evidence:
                     raise EngineError(f"{r.scorer.name} needs evidence positions; this prompt has none")
+                if r.scorer.needs_question_window and not 0 < question_window < T:
+                    raise EngineError(f"{r.scorer.name} scores the context by the question's attention, so the question "
+                                      "must be inside the compressed prefix: use the question-aware regime "
+                                      "(--question-aware, or regimes = [\"aware\"] in a sweep config)")
             except CELL_ERRORS as e:
                 if not cell_errors:
                     raise
@@ -147,9 +162,10 @@ class Engine:
         ev = [p for p in (evidence or []) if 0 <= p < T]
         t0 = time.perf_counter()
         pre = prefill(self.lm.model, ctx_ids, requests, evidence=ev if ev else None, seed=seed, captures=captures,
-                      errors=failed if cell_errors else None)
+                      errors=failed if cell_errors else None, question_window=question_window)
         t1 = time.perf_counter()
         errors.update({i: failed[k] for i, k in cell_key.items() if k in failed})
+        errors.update({i: failed[k] for i, ks in aux_keys.items() for k in ks.values() if k in failed and i not in errors})
         L, Hkv = len(pre.keys), pre.keys[0].shape[1]
         full = KeepMask.full(L, Hkv, T, device=pre.keys[0].device)
         masks: list[KeepMask | None] = []
@@ -160,7 +176,8 @@ class Engine:
                 masks.append(KeepMask(full.mask, c.press if c.press != NO_PRESS else NO_PRESS, c.ratio))
             else:
                 try:
-                    masks.append(self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio))
+                    aux = {name: pre.scores[k] for name, k in aux_keys.get(i, {}).items()}
+                    masks.append(self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio, aux))
                 except CELL_ERRORS as e:
                     if not cell_errors:
                         raise

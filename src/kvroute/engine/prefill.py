@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -22,19 +22,20 @@ from kvroute.engine.hooks import attention_hooks, base_model
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.models.queries import rotate_queries, rotated_queries
 from kvroute.presses.scorers import ScoreInputs, Scorer
-from kvroute.presses.selection.chunk import chunk_bounds
+from kvroute.presses.scorers.base import ModelScoreInputs
+from kvroute.presses.selection import Selection
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """One score computation in the prefill: a scorer, how to run it (whole context or chunked), a ratio."""
+    """One score computation in the prefill: a scorer, the selection that runs it on each layer, a ratio."""
 
     key: Hashable
     scorer: Scorer
-    variant: Hashable = "full"  # "full" | ("chunk", chunk_length, min_last)
-    ratio: float | None = None  # only for ratio-dependent scorers
+    selection: Selection | None = None  # its score_layer runs the scorer (None: the whole context)
+    ratio: float | None = None  # only for ratio-dependent scorers and selections that score per ratio
 
 
 class PrefillCapture(Protocol):
@@ -78,22 +79,11 @@ def prefill_attention(module: Any, hidden_states: torch.Tensor, keys: torch.Tens
 
 
 def _score_layer(req: ScoreRequest, x: ScoreInputs) -> torch.Tensor:
-    """``[1, Hkv, T]`` scores for one layer, whole-context or chunk by chunk (as kvpress ChunkPress)."""
+    """``[1, Hkv, T]`` scores for one layer, as the request's selection runs its scorer (whole context, chunked, ...)."""
     ratio = req.ratio if req.ratio is not None else 0.0
-    if req.variant == "full":
+    if req.selection is None:
         return req.scorer.score(x, ratio)
-    _, chunk, min_last = cast(tuple[str, int, int], req.variant)
-    T = x.keys.shape[2]
-    parts = []
-    for i, j in chunk_bounds(T, chunk, min_last):
-        sl = slice(i, j)
-        ev = None
-        if x.evidence is not None:
-            ev = x.evidence[(x.evidence >= i) & (x.evidence < j)] - i
-        xi = ScoreInputs(x.module, x.layer_idx, x.hidden_states[:, sl], x.keys[:, :, sl], x.values[:, :, sl],
-                         x.kwargs, x.attentions, ev, x.seed)
-        parts.append(req.scorer.score(xi, ratio))
-    return torch.cat(parts, dim=-1)
+    return req.selection.score_layer(req.scorer, x, ratio)
 
 
 def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -109,9 +99,13 @@ def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.
 
 @torch.inference_mode()
 def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, requests: Sequence[ScoreRequest] = (),
-            *, evidence: Sequence[int] | None = None, seed: int = 0,
+            *, evidence: Sequence[int] | None = None, seed: int = 0, question_window: int = 0,
             captures: Sequence[PrefillCapture] = (), errors: dict[Hashable, str] | None = None) -> PrefillResult:
     """Run the context through ``model`` once with full attention; return its cache and all scores.
+
+    Scorers with ``scores_after_prefill`` (KVzip's context replay) score after that forward, from
+    the model and the filled cache (which they do not change). ``question_window``: the number of
+    question tokens at the end of the context (question-aware regime), for scorers that read it.
 
     ``errors``: when given, a request whose scorer fails with one of :data:`kvroute.errors.CELL_ERRORS`
     is dropped (its reason stored under its key, its key absent from ``scores``) and the prefill goes
@@ -123,8 +117,9 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     ids = torch.as_tensor(list(context_ids) if not torch.is_tensor(context_ids) else context_ids,
                           dtype=torch.long, device=device).view(1, -1)
     ev = torch.as_tensor(list(evidence), dtype=torch.long, device=device) if evidence is not None else None
-    per_layer: dict[Hashable, list[torch.Tensor]] = {r.key: [] for r in requests}
-    need_attn = any(r.scorer.needs_attentions for r in requests)
+    layered = [r for r in requests if not r.scorer.scores_after_prefill]
+    per_layer: dict[Hashable, list[torch.Tensor]] = {r.key: [] for r in layered}
+    need_attn = any(r.scorer.needs_attentions for r in layered)
     need_queries = need_attn or bool(captures)
     projected: list[torch.Tensor] = []  # the current layer's q_proj output, kept by a hook (no recompute)
 
@@ -136,11 +131,11 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
         pos = kwargs["position_embeddings"]
         q = rotate_queries(module, projected.pop(), pos) if need_queries else None  # [1, H, T, D]
         attn = prefill_attention(module, hidden, keys, pos, q) if need_attn else None
-        for r in requests:
+        for r in layered:
             if errors is not None and r.key in errors:
                 continue
             x = ScoreInputs(module, layer, hidden, keys, values, kwargs,
-                            attn if r.scorer.needs_attentions else None, ev, seed)
+                            attn if r.scorer.needs_attentions else None, ev, seed, question_window)
             try:
                 per_layer[r.key].append(_score_layer(r, x))
             except CELL_ERRORS as e:
@@ -161,4 +156,14 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     keys, values = _filled_layers(cache)
     scores = {k: torch.cat(v, dim=0) for k, v in per_layer.items()
               if errors is None or k not in errors}  # [L, Hkv, T] each
+    for r in requests:
+        if not r.scorer.scores_after_prefill:
+            continue
+        try:
+            scores[r.key] = r.scorer.score_model(ModelScoreInputs(model, ids, keys, values, seed),
+                                                 r.ratio if r.ratio is not None else 0.0)  # [L, Hkv, T]
+        except CELL_ERRORS as e:
+            if errors is None:
+                raise
+            errors[r.key] = error_reason(e)
     return PrefillResult(ids[0], keys, values, scores, time.perf_counter() - t0)

@@ -13,32 +13,17 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from kvroute.errors import EngineError
 from kvroute.presses import build_press
-from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
-from kvroute.presses.selection.adakv import AdaKV
-from kvroute.presses.selection.chunk import Chunk
-
-_SELECTION_WRAPPERS = ("per_head", "adakv", "chunk")
 
 
-def kvpress_press(spec: str, ratio: float) -> Any:
-    """The kvpress press object for a kvroute press spec (kvpress scorers with per_head/adakv/chunk)."""
-    import kvpress
+def kvpress_press(spec: str, ratio: float, question_window: int = 0) -> Any:
+    """The kvpress press object for a kvroute press spec, from its selection's and scorer's counterparts.
 
+    Raises :class:`~kvroute.errors.EngineError` saying why when kvpress has no such press.
+    ``question_window``: the question's tokens at the end of the context (finch's window).
+    """
     press = build_press(spec)
-    if not isinstance(press.scorer, KvpressScorer):
-        raise EngineError(f"{press.scorer.name} is kvroute's own scorer; kvpress has no equivalent")
-    sel = press.selection.name
-    if sel not in _SELECTION_WRAPPERS:
-        raise EngineError(f"selection {sel!r} has no kvpress equivalent that runs here ({_SELECTION_WRAPPERS})")
-    inner = press.scorer.press_cls(compression_ratio=ratio, **press.scorer.params)
-    selection = press.selection
-    if isinstance(selection, AdaKV):  # registered as "adakv"
-        return kvpress.AdaKVPress(inner, alpha_safeguard=selection.alpha_safeguard)
-    if isinstance(selection, Chunk):  # registered as "chunk"
-        return kvpress.ChunkPress(inner, chunk_length=selection.chunk_length)
-    return inner
+    return press.selection.kvpress_counterpart(press.scorer, ratio, question_window)
 
 
 def kvpress_pipeline(lm: Any) -> Any:
@@ -48,40 +33,95 @@ def kvpress_pipeline(lm: Any) -> Any:
 
 
 def kvpress_answer(lm: Any, context: str, question: str, spec: str | None, ratio: float, *,
-                   max_new_tokens: int = 32, answer_prefix: str = "", pipeline: Any = None) -> str:
+                   max_new_tokens: int = 32, answer_prefix: str = "", pipeline: Any = None,
+                   question_window: int = 0) -> str:
     """kvpress pipeline's greedy answer (``spec=None``: no press)."""
     pipe = pipeline or kvpress_pipeline(lm)
-    press = kvpress_press(spec, ratio) if spec and ratio > 0 else None
+    press = kvpress_press(spec, ratio, question_window) if spec and ratio > 0 else None
     with _attn(lm, spec):
         return pipe(context, question=question, press=press, max_new_tokens=max_new_tokens,
                     answer_prefix=answer_prefix)["answer"]
 
 
+REFERENCE_ATTENTION = "kvroute_reference"
+
+
 class _attn:
-    """observed_attention in kvpress needs eager attention weights: switch for the call, then restore."""
+    """The attention kvpress's side runs with, for the duration of a call (then restored).
+
+    - observed_attention in kvpress needs eager attention weights: eager for such presses.
+    - Presses whose layers keep different numbers of entries (pyramid, chunkkv's partial chunk) leave a
+      cache whose layers differ in length. transformers 5.2 builds one causal mask from layer 0's length,
+      so sdpa fails on the other layers (size mismatch) and eager crops the mask from the wrong end (the
+      question's causal triangle shifts). The model's own attention function (as kvpress patched it, fake
+      keys included) is therefore called through a wrapper that aligns the causal mask to each layer's own
+      key length. Where all layers have one length the mask is passed on untouched.
+    """
 
     def __init__(self, lm: Any, spec: str | None) -> None:
         self.cfg = lm.model.config
         self.eager = bool(spec) and build_press(spec).scorer.needs_attentions  # type: ignore[arg-type]
 
     def __enter__(self) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
         self.prev = self.cfg._attn_implementation
-        if self.eager:
+        self.head_dim_set = False
+        if self.eager:  # transformers' eager is each model's own function, not in the registry (nor patched by kvpress)
             self.cfg._attn_implementation = "eager"
+            return
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+        inner = ALL_ATTENTION_FUNCTIONS[self.prev]
+        self.had = REFERENCE_ATTENTION in ALL_ATTENTION_FUNCTIONS._local_mapping
+        ALL_ATTENTION_FUNCTIONS[REFERENCE_ATTENTION] = _aligned_mask(inner)
+        # transformers builds masks only for implementations its mask registry knows (read from _global_mapping)
+        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[REFERENCE_ATTENTION] = ALL_MASK_ATTENTION_FUNCTIONS[self.prev]
+        self.head_dim_set = not hasattr(self.cfg, "head_dim")
+        if self.head_dim_set:  # kvpress's CriticalKV reads config.head_dim, which Qwen2's config lacks
+            self.cfg.head_dim = self.cfg.hidden_size // self.cfg.num_attention_heads
+        self.cfg._attn_implementation = REFERENCE_ATTENTION
 
     def __exit__(self, *exc: object) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
         self.cfg._attn_implementation = self.prev
+        if self.head_dim_set:
+            del self.cfg.head_dim
+        if not self.eager:
+            from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+            ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(REFERENCE_ATTENTION, None)
+            if not self.had:
+                del ALL_ATTENTION_FUNCTIONS[REFERENCE_ATTENTION]
+
+
+def _aligned_mask(inner: Any) -> Any:
+    def forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
+        q, k = query.shape[2], key.shape[2]
+        if attention_mask is not None and attention_mask.shape[-1] != k:
+            allowed = torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)[None, None]  # [1, 1, q, k]
+            if attention_mask.dtype == torch.bool:
+                attention_mask = allowed
+            else:
+                attention_mask = torch.zeros(allowed.shape, dtype=attention_mask.dtype, device=query.device)
+                attention_mask = attention_mask.masked_fill(~allowed, torch.finfo(attention_mask.dtype).min)
+        return inner(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return forward
 
 
 @torch.inference_mode()
-def kvpress_logits(lm: Any, context_ids: list[int], question_ids: list[int], spec: str | None, ratio: float) -> torch.Tensor:
+def kvpress_logits(lm: Any, context_ids: list[int], question_ids: list[int], spec: str | None, ratio: float,
+                   question_window: int = 0) -> torch.Tensor:
     """Logits ``[Q, V]`` of the question tokens after kvpress compressed the context's cache."""
     model = lm.model
     device = next(model.parameters()).device
     ctx = torch.tensor([context_ids], device=device)
     q = torch.tensor([question_ids], device=device)
     cache = DynamicCache(config=model.config)
-    press = kvpress_press(spec, ratio) if spec and ratio > 0 else None
+    press = kvpress_press(spec, ratio, question_window) if spec and ratio > 0 else None
     with _attn(lm, spec):
         if press is not None:
             with press(model):

@@ -25,8 +25,7 @@ from kvroute.engine import Cell, Engine
 from kvroute.engine.decode import CellOutput
 from kvroute.engine.reference import kvpress_answer, kvpress_pipeline, kvpress_press
 from kvroute.errors import EngineError
-from kvroute.presses.press import build_press
-from kvroute.presses.scorers.kvpress_adapter import KvpressScorer, seeded_kvpress_layers
+from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
 
 DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 
@@ -49,6 +48,9 @@ class ReferencePrompt(Protocol):
     @property
     def answer_prefix(self) -> str: ...
 
+    @property
+    def question_window(self) -> int: ...  # the question's tokens at the end of the context (aware regime), else 0
+
 
 @dataclass(frozen=True)
 class CellComparison:
@@ -59,14 +61,22 @@ class CellComparison:
     ours: CellOutput
     kvpress_text: str
     kvpress_ids: list[int]
+    no_reference: str | None = None  # why kvpress cannot run this cell (e.g. its own precondition), else None
+
+    @property
+    def comparable(self) -> bool:
+        return self.no_reference is None
 
     @property
     def agrees(self) -> bool:
-        return self.ours.tokens == self.kvpress_ids and self.ours.text == self.kvpress_text
+        return self.comparable and self.ours.tokens == self.kvpress_ids and self.ours.text == self.kvpress_text
 
     def describe(self) -> str:
-        return (f"{self.prompt_id} {self.cell.press}@{self.cell.ratio:g}: kvpress {self.kvpress_text!r} "
-                f"{self.kvpress_ids} vs kvroute {self.ours.text!r} {self.ours.tokens}")
+        where = f"{self.prompt_id} {self.cell.press}@{self.cell.ratio:g}"
+        if not self.comparable:
+            return f"{where}: no kvpress reference: {self.no_reference}"
+        return (f"{where}: kvpress {self.kvpress_text!r} {self.kvpress_ids} vs kvroute {self.ours.text!r} "
+                f"{self.ours.tokens}")
 
 
 @dataclass(frozen=True)
@@ -78,11 +88,8 @@ class PromptComparison:
 
 def no_kvpress_counterpart(spec: str) -> str | None:
     """Why ``spec`` has no kvpress press to compare with (a kvroute scorer or selection), or None if it has one."""
-    press = build_press(spec)
-    if not isinstance(press.scorer, KvpressScorer):
-        return f"{press.scorer.name} is a kvroute Scorer, not a kvpress press: kvpress has no press to compare it with"
     try:
-        kvpress_press(spec, DEFAULT_RATIOS[0])
+        kvpress_press(spec, DEFAULT_RATIOS[0], question_window=1)
     except EngineError as e:
         return str(e)
     return None
@@ -114,7 +121,8 @@ def kvpress_answer_ids(lm: Any, prompt: ReferencePrompt, spec: str, ratio: float
     """kvpress pipeline's greedy answer to ``prompt`` under ``spec`` at ``ratio``: its text and generated ids."""
     with _recorded_decodes(lm.tokenizer) as seen, seeded_kvpress_layers(lm.model, seed):
         text = kvpress_answer(lm, prompt.kvpress_context, prompt.kvpress_question, spec, ratio,
-                              max_new_tokens=max_new_tokens, answer_prefix=prompt.answer_prefix, pipeline=pipeline)
+                              max_new_tokens=max_new_tokens, answer_prefix=prompt.answer_prefix, pipeline=pipeline,
+                              question_window=prompt.question_window)
     ids = seen[-1]
     eos = lm.model.generation_config.eos_token_id  # the stop tokens of kvpress's loop (and kvroute's)
     if len(ids) > 1 and ids[0] in (eos if isinstance(eos, list) else [eos]):  # the quirk (module doc)
@@ -129,15 +137,20 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
     lm = engine.lm
     pipe = pipeline or kvpress_pipeline(lm)
     t0 = time.perf_counter()
-    res = engine.run(prompt, list(cells), seed=seed)
+    res = engine.run(prompt, list(cells), seed=seed, question_window=prompt.question_window)
     t_ours = time.perf_counter() - t0
     out, t_ref = [], 0.0
     for i, (cell, ours) in enumerate(zip(cells, res.outputs, strict=True)):
         if ours is None:  # only with cell_errors=True, which this run does not ask for
             raise EngineError(f"cell {cell.press} @ {cell.ratio}: {res.errors.get(i, 'no output')}")
         t0 = time.perf_counter()
-        text, ids = kvpress_answer_ids(lm, prompt, cell.press, cell.ratio, seed=seed, pipeline=pipe,
-                                       max_new_tokens=engine.settings.max_new_tokens)
-        t_ref += time.perf_counter() - t0
+        try:
+            text, ids = kvpress_answer_ids(lm, prompt, cell.press, cell.ratio, seed=seed, pipeline=pipe,
+                                           max_new_tokens=engine.settings.max_new_tokens)
+        except EngineError as e:  # kvpress has no press for this cell (kvroute's own, or its precondition fails)
+            out.append(CellComparison(prompt_id, cell, ours, "", [], no_reference=str(e)))
+            continue
+        finally:
+            t_ref += time.perf_counter() - t0
         out.append(CellComparison(prompt_id, cell, ours, text, ids))
     return PromptComparison(out, t_ours, t_ref)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -23,15 +24,19 @@ class Press:
         """Canonical name, e.g. ``expected_attention+adakv`` (parameters only where not default)."""
         return str(PressSpec(self.scorer.spec(), self.selection.spec()))
 
-    def keep_mask(self, scores: torch.Tensor, ratio: float) -> KeepMask:
+    def keep_mask(self, scores: torch.Tensor, ratio: float, aux: Mapping[str, torch.Tensor] | None = None) -> KeepMask:
+        """The KeepMask at ``ratio`` from the scorer's ``[L, Hkv, T]`` scores (and the selection's aux scores)."""
         ratio = check_ratio(ratio)
-        return KeepMask(self.selection.select(scores, ratio), self.name, ratio)
+        mask = self.selection.select_aux(scores, ratio, aux) if aux else self.selection.select(scores, ratio)
+        return KeepMask(mask, self.name, ratio)
 
 
 def build_press(spec: str | PressSpec) -> Press:
     """Parse and build ``scorer[...]+selection[...]``; unknown names and parameters fail with suggestions."""
     ps = parse_press(spec) if isinstance(spec, str) else spec
-    scorer, selection = build_scorer(ps.scorer), build_selection(ps.selection)
+    scorer = build_scorer(ps.scorer)
+    selection = build_selection(ps.selection if ps.selection is not None else scorer.default_selection)
     if hasattr(selection, "min_last"):  # chunked selection: a tail chunk must be scorable
         selection.min_last = scorer.min_tokens()
+    selection.check_scorer(scorer)
     return Press(ps, scorer, selection)

@@ -2,15 +2,16 @@
 
 Examples: ``snapkv``, ``expected_attention+adakv``, ``snapkv[window_size=32]+chunk[chunk_length=256]``,
 ``oracle[base=knorm]+per_head``, ``mypkg.presses:MyPress[alpha=2]+adakv`` (a class by import path,
-see :mod:`kvroute.presses.plugins`). Without a selection, ``per_head`` (kvpress ScorerPress
-semantics) is used. Parsing is separate from building, so configs can be validated before any model
+see :mod:`kvroute.presses.plugins`). Without a selection, the scorer's default is used: ``per_head``
+(kvpress ScorerPress semantics) for most, the press's own way for presses that select their own way
+(``kvzip``: ``global``). Parsing is separate from building, so configs can be validated before any model
 loads.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kvroute.errors import ConfigError
@@ -56,11 +57,13 @@ class ComponentSpec:
 
 @dataclass(frozen=True)
 class PressSpec:
+    """A scorer and a selection; ``selection=None``: the scorer's own default (``per_head`` for most)."""
+
     scorer: ComponentSpec
-    selection: ComponentSpec = field(default_factory=lambda: ComponentSpec(DEFAULT_SELECTION))
+    selection: ComponentSpec | None = None
 
     def __str__(self) -> str:
-        return f"{self.scorer}+{self.selection}"
+        return str(self.scorer) if self.selection is None else f"{self.scorer}+{self.selection}"
 
 
 def _component(text: str, what: str, full: str) -> ComponentSpec:

@@ -87,6 +87,7 @@ class Prompt:
     answer_prefix: str
     regime: str
     instance_id: str
+    question_window: int = 0  # aware regime: the prefix's last tokens that hold the question (finch's window)
 
     @property
     def input_ids(self) -> list[int]:
@@ -169,7 +170,10 @@ def build_prompt(tokenizer: Any, instance: TaskInstance, *, regime: str = "agnos
         evidence.update(_positions(pre_off, ctx_offset + s, ctx_offset + e))
 
     q_start = 0 if raw else _QUESTION_OFFSET
-    if regime == "aware":
+    window = 0
+    if regime == "aware":  # the question's part of the prefix: tokens starting at or after its first character
+        q_first = next((i for i, (s_, e_) in enumerate(pre_off) if e_ > s_ and s_ >= base + len(ctx)), n)
+        window = n - q_first
         q0 = base + len(ctx) + q_start
         question_pos = _positions(pre_off, q0, q0 + len(instance.question))
     else:
@@ -179,7 +183,7 @@ def build_prompt(tokenizer: Any, instance: TaskInstance, *, regime: str = "agnos
                   evidence_positions=sorted(evidence), question_positions=question_pos,
                   answer_span_positions=span_pos, context_text=prefix, question_text=suffix,
                   context_char_offset=ctx_offset, kvpress_context=kv_context, kvpress_question=kv_question,
-                  answer_prefix=answer_prefix, regime=regime, instance_id=instance.id)
+                  answer_prefix=answer_prefix, regime=regime, instance_id=instance.id, question_window=window)
 
 
 def context_span(prompt: Prompt, span: Span) -> tuple[int, int]:

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from kvroute.errors import ConfigError, UnknownNameError
+from kvroute.errors import ConfigError, EngineError, UnknownNameError
 from kvroute.presses.params import Param
-from kvroute.presses.spec import ComponentSpec, parse_component
+from kvroute.presses.spec import DEFAULT_SELECTION, ComponentSpec, parse_component
 from kvroute.registry import Registry
 
 
@@ -36,6 +36,18 @@ class ScoreInputs:
     attentions: torch.Tensor | None = None  # [1, H, T, T]: only for scorers with needs_attentions
     evidence: torch.Tensor | None = None  # long [n]: evidence token positions in [0, T) (oracle controls)
     seed: int = 0
+    question_window: int = 0  # the question's tokens at the end of the prefix (question-aware regime), else 0
+
+
+@dataclass
+class ModelScoreInputs:
+    """What a scorer that scores after the prefill (``scores_after_prefill``) may read: the whole model."""
+
+    model: nn.Module  # the causal LM
+    context_ids: torch.Tensor  # long [1, T]: the prefilled prefix
+    keys: list[torch.Tensor]  # per layer [1, Hkv, T, D], post-RoPE (read only: copy before changing)
+    values: list[torch.Tensor]  # per layer [1, Hkv, T, D]
+    seed: int = 0
 
 
 class Scorer(ABC):
@@ -46,10 +58,19 @@ class Scorer(ABC):
     needs_attentions: ClassVar[bool] = False  # needs the full [H, T, T] prefill attention map
     ratio_dependent: ClassVar[bool] = False  # scores change with the compression ratio
     needs_evidence: ClassVar[bool] = False  # reads the instance's evidence positions
+    needs_question_window: ClassVar[bool] = False  # reads the question inside the prefix (question-aware regime)
+    # scores the whole model after the prefill (its own extra forward passes) instead of layer by layer
+    scores_after_prefill: ClassVar[bool] = False
+    extra_cost: ClassVar[str] = ""  # extra compute beyond the one prefill, in words (`presses list`)
+    default_selection: ClassVar[str] = DEFAULT_SELECTION  # the selection used when a press names none
     schema: ClassVar[dict[str, Param]] = {}  # allowed range of each numeric parameter (checked at build time)
 
     def setup(self, model: nn.Module) -> None:
         """Called once per model before the first prefill."""
+        return None
+
+    def setup_tokenizer(self, tokenizer: Any) -> None:
+        """Called once per model with its tokenizer, after :meth:`setup` (for scorers that write text)."""
         return None
 
     def min_tokens(self) -> int:
@@ -63,6 +84,18 @@ class Scorer(ABC):
     @abstractmethod
     def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
         """Scores ``[1, Hkv, T]`` (float); ``ratio`` matters only when ``ratio_dependent``."""
+
+    def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
+        """The kvpress press that scores as this scorer does, set to ``ratio`` (the equivalence reference).
+
+        Raises :class:`~kvroute.errors.EngineError` saying why when kvpress has none.
+        """
+        raise EngineError(f"{self.name} is a kvroute Scorer, not a kvpress press: kvpress has no press to compare "
+                          "it with")
+
+    def score_model(self, x: ModelScoreInputs, ratio: float) -> torch.Tensor:
+        """Scores ``[L, Hkv, T]`` of every layer at once, after the prefill (only when ``scores_after_prefill``)."""
+        raise NotImplementedError(f"{self.name} scores layer by layer (score), not after the prefill")
 
     @classmethod
     def parameters(cls) -> dict[str, Any]:

@@ -79,6 +79,9 @@ class KvpressScorer(Scorer):
     def setup(self, model: nn.Module) -> None:
         self.press.post_init_from_model(model)
 
+    def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
+        return self.press_cls(compression_ratio=ratio, **self.params)
+
     def _min_params(self) -> tuple[str, ...]:
         p = self.min_tokens_param
         return () if p is None else (p,) if isinstance(p, str) else tuple(p)

@@ -29,6 +29,9 @@ class _EvidenceControl(Scorer):
         if self.base in ("oracle", "anti_oracle"):
             raise EngineError(f"{self.name}: base must be an ordinary scorer, not {self.base!r}")
         self._base = build_scorer(self.base)
+        if self._base.scores_after_prefill or self._base.needs_question_window:
+            raise EngineError(f"{self.name}: base {self.base!r} does not score layer by layer on the context alone; "
+                              "use a per-layer scorer such as expected_attention, snapkv or knorm")
 
     @classmethod
     def parameters(cls) -> dict[str, Any]:

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from kvroute.errors import ConfigError
 from kvroute.presses.params import Param
-from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept
+from kvroute.presses.scorers.base import Scorer
+from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, scorer_press
 
 
 def adakv_layer(scores: torch.Tensor, k: int, alpha_safeguard: float) -> torch.Tensor:
@@ -55,3 +56,8 @@ class AdaKV(Selection):
         if ratio == 0:
             return torch.ones_like(scores, dtype=torch.bool)
         return torch.cat([adakv_layer(scores[layer : layer + 1], k, self.alpha_safeguard) for layer in range(L)])
+
+    def kvpress_counterpart(self, scorer: Scorer, ratio: float, question_window: int = 0) -> Any:
+        from kvpress import AdaKVPress
+
+        return AdaKVPress(scorer_press(scorer, ratio, question_window, "AdaKVPress"), alpha_safeguard=self.alpha_safeguard)

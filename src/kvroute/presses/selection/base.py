@@ -8,14 +8,14 @@ Selection is pure tensor code, testable without a model.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any, ClassVar
 
 import torch
 
 from kvroute.errors import ConfigError, EngineError
 from kvroute.presses.params import Param
-from kvroute.presses.scorers.base import check_params
+from kvroute.presses.scorers.base import ScoreInputs, Scorer, check_params
 from kvroute.presses.spec import ComponentSpec, parse_component
 from kvroute.registry import Registry
 
@@ -50,19 +50,59 @@ def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class Selection(ABC):
-    """Subclasses are dataclasses whose fields are their parameters."""
+    """Subclasses are dataclasses whose fields are their parameters.
+
+    Three steps, each overridable: :meth:`score_layer` runs the press's scorer on one layer in the
+    prefill (the whole context by default; chunk by chunk, block by block for the selections that
+    score that way), :meth:`aux_scorers` names further scores the selection reads (CriticalKV's value
+    projections), and :meth:`select` turns the scores into the keep mask for one ratio.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
     schema: ClassVar[dict[str, Param]] = {}  # allowed range of each numeric parameter (checked at build time)
+    # score_layer depends on the ratio (e.g. block's iterative pruning): the prefill scores once per ratio
+    scores_per_ratio: ClassVar[bool] = False
 
     def score_variant(self) -> Hashable:
-        """How the scorer must be run in the prefill: ``"full"`` (whole context) or e.g. ``("chunk", n)``."""
+        """What identifies this selection's way of scoring (:meth:`score_layer`): equal variants share scores.
+
+        ``"full"``: the scorer on the whole context, shared by every selection that scores so.
+        """
         return "full"
+
+    def score_layer(self, scorer: Scorer, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        """``[1, Hkv, T]`` scores of one layer in the prefill: the scorer on the whole context by default."""
+        return scorer.score(x, ratio)
+
+    def check_scorer(self, scorer: Scorer) -> None:
+        """Raise :class:`~kvroute.errors.ConfigError` when this selection cannot use ``scorer`` (at build time)."""
+        if scorer.scores_after_prefill and self.score_variant() != "full":
+            raise ConfigError(f"{scorer.name} scores every layer at once after the prefill; selection "
+                              f"{self.name!r} scores part by part, so the two cannot be combined")
+        if scorer.needs_question_window and self.score_variant() != "full":
+            raise ConfigError(f"{scorer.name} scores by the question at the end of the context; selection "
+                              f"{self.name!r} scores parts of the context that do not hold it: use per_head, adakv "
+                              "or chunk[rescore=false] (chunks of the whole-context scores)")
+
+    def aux_scorers(self) -> Mapping[str, Scorer]:
+        """Further scores this selection reads (name → scorer, run whole-context in the same prefill)."""
+        return {}
 
     @abstractmethod
     def select(self, scores: torch.Tensor, ratio: float) -> torch.Tensor:
-        """``scores`` ``[L, Hkv, T]`` (from :meth:`score_variant`) → bool keep mask ``[L, Hkv, T]``."""
+        """``scores`` ``[L, Hkv, T]`` (from :meth:`score_layer`) → bool keep mask ``[L, Hkv, T]``."""
+
+    def select_aux(self, scores: torch.Tensor, ratio: float, aux: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """:meth:`select` for selections with :meth:`aux_scorers`: ``aux`` holds their ``[L, Hkv, T]`` scores."""
+        return self.select(scores, ratio)
+
+    def kvpress_counterpart(self, scorer: Scorer, ratio: float, question_window: int = 0) -> Any:
+        """The kvpress press that does what ``scorer`` + this selection do at ``ratio`` (the equivalence reference).
+
+        Raises :class:`~kvroute.errors.EngineError` saying why when kvpress has none.
+        """
+        raise EngineError(f"selection {self.name!r} is kvroute's own; kvpress has no press that selects this way")
 
     @classmethod
     def parameters(cls) -> dict[str, Any]:
@@ -74,6 +114,16 @@ class Selection(ABC):
         defaults = self.parameters()
         return ComponentSpec(self.name, tuple(sorted((k, getattr(self, k)) for k in defaults
                                                      if getattr(self, k) != defaults[k])))
+
+
+def scorer_press(scorer: Scorer, ratio: float, question_window: int, wrapper: str) -> Any:
+    """``scorer``'s kvpress press for a kvpress wrapper (``wrapper`` names it), which takes ScorerPress subclasses only."""
+    from kvpress import ScorerPress
+
+    inner = scorer.kvpress_press(ratio, question_window)
+    if not isinstance(inner, ScorerPress):
+        raise EngineError(f"kvpress's {wrapper} wraps a ScorerPress; {scorer.name} ({type(inner).__name__}) is not one")
+    return inner
 
 
 SELECTIONS: Registry[type[Selection]] = Registry("selection")

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from kvroute.errors import ConfigError
+from kvroute.errors import ConfigError, EngineError
 from kvroute.presses.params import Param
+from kvroute.presses.scorers.base import Scorer
 from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, topk_mask
 
 
@@ -15,11 +16,12 @@ def pyramid_budgets(num_tokens: int, num_layers: int, ratio: float, window_size:
 
     The formula is kvpress's ``PyramidKVPress.get_layer_budget`` (from KVCache-Factory): the total
     over layers equals ``L · T · (1 − α)`` up to rounding. When the pyramid does not fit (short
-    contexts), every layer gets the uniform budget, as kvpress falls back to SnapKV. Budgets are
-    clamped into ``[1, T]``.
+    contexts), every layer gets the uniform budget ``max(1, round(T · (1 − α)))``, as kvpress falls
+    back to SnapKV (rounded, where per-head top-k truncates). Budgets are clamped into ``[1, T]``.
     """
     T, L = num_tokens, num_layers
-    uniform = n_kept(T, ratio)
+    n_kept(T, ratio)  # the ratio keeps at least one token
+    uniform = min(T, max(1, round(T * (1 - ratio))))
     max_capacity = window_size + T * (1 - ratio)
     min_num = (max_capacity - window_size) / beta
     max_num = (max_capacity - window_size) * 2 - min_num
@@ -56,3 +58,15 @@ class Pyramid(Selection):
             return torch.ones_like(scores, dtype=torch.bool)
         budgets = pyramid_budgets(T, L, ratio, self.window_size, self.beta)
         return torch.cat([topk_mask(scores[layer : layer + 1], budgets[layer]) for layer in range(L)])
+
+    def kvpress_counterpart(self, scorer: Scorer, ratio: float, question_window: int = 0) -> Any:
+        from kvpress import PyramidKVPress, SnapKVPress
+
+        inner = scorer.kvpress_press(ratio, question_window)
+        if type(inner) is not SnapKVPress:
+            raise EngineError(f"kvpress's PyramidKVPress scores with SnapKV only; {scorer.name}+pyramid has no counterpart")
+        if inner.window_size != self.window_size:
+            raise EngineError(f"kvpress's PyramidKVPress uses one window_size for SnapKV and the pyramid; here snapkv has "
+                              f"{inner.window_size} and pyramid {self.window_size}")
+        return PyramidKVPress(compression_ratio=ratio, window_size=self.window_size, kernel_size=inner.kernel_size,
+                              beta=self.beta)

@@ -1,0 +1,139 @@
+"""KVzip (kvpress KVzipPress): importance from reconstructing the context, scored after the prefill.
+
+After the context is prefilled, the model is asked to repeat it ("Repeat the previous context
+exactly.", chunk by chunk for long contexts) on top of the cache; an entry's score is the largest
+attention any replay token gives it (over the query heads of its group), and the first ``n_sink``
+entries are kept. This costs one extra forward over the whole context (plus its chunks' prompts)
+beyond kvroute's one prefill. kvpress's own scoring code runs here (``KVzipPress.prepare`` and its
+attention hook) on a copy of the cache's layer list; the shared context K/V are never changed.
+
+KVzip selects across layers and heads at once; its default selection is therefore ``global``
+(``kvzip`` = ``kvzip+global``; ``global[per_layer=true]`` is KVzip's ``layerwise``). Any other
+selection works on its scores too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+from kvpress import KVzipPress
+from torch import nn
+from transformers import DynamicCache
+
+from kvroute.errors import EngineError
+from kvroute.presses.params import Param
+from kvroute.presses.scorers.base import SCORERS, ModelScoreInputs, ScoreInputs
+from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
+
+# kvpress's replay prompts (KVzipPress.prepare) and the tail of the previous chunk a later prompt quotes
+_FIRST, _LATER, _QUOTED = "\n\nRepeat the previous context exactly.", \
+    "\n\nRepeat the part of the previous context exactly, starting with", 8
+
+
+@contextlib.contextmanager
+def _no_cost_warning() -> Iterator[None]:
+    """KVzipPress warns of its replay cost whenever one is built; kvroute states that cost in `presses list`."""
+    log = logging.getLogger("kvpress.presses.kvzip_press")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+@SCORERS.register("kvzip")
+class KVzipScorer(KvpressScorer):
+    name: ClassVar[str] = "kvzip"
+    description: ClassVar[str] = ("Largest attention from a replay of the context onto each entry (KVzip, kvpress "
+                                  "KVzipPress); default selection global.")
+    press_cls: ClassVar[type] = KVzipPress
+    scores_after_prefill: ClassVar[bool] = True
+    default_selection: ClassVar[str] = "global"
+    extra_cost: ClassVar[str] = "replays the context: one more forward over all T tokens (kvpress: 2–3× the prefill)"
+    schema: ClassVar[dict[str, Param]] = {"n_sink": Param(lo=0, why="a count of protected first tokens"),
+                                          "chunk_size": Param(lo=1, why="context tokens replayed per pass")}
+
+    def __init__(self, **params: Any) -> None:
+        with _no_cost_warning():
+            super().__init__(**params)
+        self._window: int | None = None
+        self._tokenizer: Any = None
+
+    @classmethod
+    def parameters(cls) -> dict[str, Any]:
+        return {"n_sink": 4, "kvzip_plus_normalization": False, "chunk_size": 2048}
+
+    def setup(self, model: nn.Module) -> None:
+        config: Any = model.config
+        self._window = getattr(config, "max_position_embeddings", None)
+
+    def setup_tokenizer(self, tokenizer: Any) -> None:
+        """The template head's length and tail ids, as ``KVzipPress.__call__`` derives them from the tokenizer."""
+        if getattr(tokenizer, "chat_template", None) is None:
+            prefix_text, suffix_text = "", "\n"
+        else:
+            dummy = "dummy context"
+            sep = "\n" + "#" * len(dummy)
+            rendered = tokenizer.apply_chat_template([{"role": "user", "content": dummy + sep}],
+                                                     add_generation_prompt=True, tokenize=False, enable_thinking=False)
+            context, suffix_text = rendered.split(sep)
+            prefix_text = context.split(dummy)[0]
+        self.press.prefix_length = len(tokenizer.encode(prefix_text, add_special_tokens=False))
+        self.press._suffix_ids = tokenizer.encode(suffix_text, return_tensors="pt", add_special_tokens=False)
+        self._overhead = (len(tokenizer.encode(_LATER, add_special_tokens=False)) + _QUOTED
+                          + self.press._suffix_ids.shape[1])
+        self._tokenizer = tokenizer
+
+    def check(self, num_tokens: int) -> None:
+        if self._window is None or self._tokenizer is None:
+            return
+        replay = min(int(self.chunk_size), max(1, num_tokens - self.press.prefix_length)) + self._overhead
+        if num_tokens + replay > self._window:
+            room = self._window - num_tokens - self._overhead
+            hint = (f"use kvzip[chunk_size={room}] (shorter replay passes) or a shorter context" if room >= 1
+                    else "use a shorter context")
+            raise EngineError(f"kvzip replays the context after it: {num_tokens} context tokens plus a replay pass of "
+                              f"{replay} exceed the model's context window of {self._window}; {hint}")
+
+    def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        raise EngineError("kvzip scores every layer at once after the prefill (its replay); it cannot score one "
+                          "layer on its own (e.g. as another scorer's base)")
+
+    def score_model(self, x: ModelScoreInputs, ratio: float) -> torch.Tensor:
+        if self._tokenizer is None:
+            raise EngineError("kvzip needs the model's tokenizer to write its replay prompts; run it through the engine")
+        from kvroute.engine.hooks import base_model, decoder_layers  # here: kvroute.engine imports presses
+
+        model: Any = x.model  # a transformers causal LM
+        press = self.press
+        T = x.context_ids.shape[1]
+        self.check(T)
+        cache = DynamicCache(config=model.config)
+        for layer, (k, v) in enumerate(zip(x.keys, x.values, strict=True)):
+            cache.update(k, v, layer)  # the shared tensors; the replay concatenates new ones, never writes these
+        press._context_ids, press._cache, press.context_length = x.context_ids, cache, T
+        pairs = press.prepare(model, self._tokenizer)
+        attns: list[Any] = [layer.self_attn for layer in decoder_layers(model)]
+        hooks = [attn.register_forward_hook(press.forward_hook, with_kwargs=True) for attn in attns]
+        try:
+            press.start_idx = press.prefix_length
+            for prefill_ids, repeat_ids in pairs:
+                press.end_idx = press.start_idx + prefill_ids.shape[1]
+                base_model(model)(input_ids=repeat_ids.to(x.context_ids.device), past_key_values=cache)
+                press.start_idx = press.end_idx
+            scores = press.score_val[:, 0]  # [L, 1, Hkv, T] -> [L, Hkv, T]
+            scores[..., : int(self.n_sink)] = scores.amax() + 1.0  # sinks are never evicted (KVzipPress.compress_post)
+            return scores
+        finally:
+            for h in hooks:
+                h.remove()
+            press._context_ids = press._cache = press.score_val = None
+
+    def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
+        with _no_cost_warning():
+            return KVzipPress(compression_ratio=ratio, **self.params)
