@@ -117,9 +117,14 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def _outside(name: str) -> type[Scorer] | None:
+    """An import path or installed plugin; a kvpress press kvroute does not offer raises its reason (catalogue)."""
+    from kvroute.presses.catalogue import unavailable
     from kvroute.presses.plugins import outside_scorer  # here, not at import: plugins builds on this module
 
-    return outside_scorer(name)
+    found = outside_scorer(name)
+    if found is None and (why := unavailable(name)) is not None:
+        raise why
+    return found
 
 
 def _plugin_names() -> list[str]:
