@@ -88,6 +88,7 @@ BUDGETS = {
     "critical_adakv": (("critical_adakv", "critical_adakv[alpha_safeguard=1.0]"), cross_head),
     "pyramid": (("pyramid[window_size=4]", "pyramid"), pyramid),
     "global": (("global", "global[per_layer=true]"), model_wide),
+    "entropy_chunkkv": (("entropy_chunkkv", "entropy_chunkkv[chunk_length=7,low_entropy_chunk_length=2]"), shared),
 }
 
 

@@ -6,6 +6,7 @@ from kvroute.presses.selection import (  # noqa: F401  (registration side effect
     chunk,
     chunkkv,
     criticalkv,
+    entropy_chunkkv,
     global_,
     per_head,
     pyramid,
