@@ -161,6 +161,12 @@ BAD_PRESSES = [
     ("snapkv[window_size]", "key=value"),
     ("knorm+adakv+chunk", "more than one"),
     ("snapkv[window_size=8", "cannot read"),
+    # kvpress presses kvroute cannot run as asked: hub weights not given, a ratio the press decides itself
+    ("qfilter", "weights=FOLDER"),
+    ("kvzap[weights=/nonexistent/kvzap]", "does not exist"),
+    ("expected_attention_stats+adakv", "stats_folder=FOLDER"),
+    ("duo_attention", "cannot follow a ratio grid"),
+    ("dms", "threshold"),
 ]
 
 
@@ -892,3 +898,25 @@ def test_token_length_warning_does_not_leak_into_run(tiny, tasks_file, tmp_path,
                           "--max-new-tokens", "2", "--out", tmp_path / "o.jsonl"], capsys)
     assert code == 0, err
     assert "Token indices" not in out + err
+
+
+# a press whose cost does not fit the model ------------------------------------------------------------
+def test_kvzip_on_a_context_its_replay_does_not_fit_fails_its_cells_in_one_line():
+    """KVzip replays the context after it; when that passes the model's window its cells say so (one line
+    each) and the other presses of the instance are computed."""
+    from kvroute.engine import Cell, Engine
+    from kvroute.models.tiny import tiny_model
+    from kvroute.runner import RunSettings, run_instance
+    from kvroute.tasks.prompt import build_prompt
+
+    lm = tiny_model("llama", seed=0)
+    inst = generate_tasks(TaskSpec("base", n=1, seed=0), lm.tokenizer)[0]
+    settings = RunSettings(max_new_tokens=2)
+    prompt = build_prompt(lm.tokenizer, inst)
+    lm.model.config.max_position_embeddings = len(prompt.context_ids) + len(prompt.question_ids) + 8  # it fits
+    recs = run_instance(Engine(lm, settings.decode_settings()), inst,
+                        [Cell("knorm", 0.5), Cell("kvzip", 0.5), Cell("kvzip", 0.9)], settings=settings)
+    assert [r["status"] for r in recs] == ["ok", "error", "error"]
+    for r in recs[1:]:
+        assert "\n" not in r["error"] and "exceed the model's context window" in r["error"], r["error"]
+        assert "kvzip[chunk_size=" in r["error"] or "shorter context" in r["error"]

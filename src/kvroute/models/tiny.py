@@ -93,10 +93,13 @@ def tiny_model(arch: str = "llama", *, seed: int = 0, layers: int = 3, heads: in
                        info=model_info(model), meta={"seed": seed})
 
 
-def save_tiny_model(folder: str | Path, arch: str = "llama", *, seed: int = 0) -> Path:
-    """Write :func:`tiny_model` as a local Hugging Face folder (safetensors + tokenizer) that ``load_model`` reads."""
+def save_tiny_model(folder: str | Path, arch: str = "llama", *, seed: int = 0, **sizes: Any) -> Path:
+    """Write :func:`tiny_model` as a local Hugging Face folder (safetensors + tokenizer) that ``load_model`` reads.
+
+    ``sizes``: :func:`tiny_model`'s ``layers``, ``heads``, ``kv_heads``, ``hidden``.
+    """
     folder = Path(folder)
-    lm = tiny_model(arch, seed=seed)
+    lm = tiny_model(arch, seed=seed, **sizes)
     lm.model.save_pretrained(folder, safe_serialization=True)
     lm.tokenizer.save_pretrained(folder)
     return folder

@@ -8,6 +8,12 @@ greedy answers are equal: the generated token ids (read off the pipeline's final
 ``tokenizer.decode`` call, the only place they surface) and the text. Random scorers are seeded per
 (seed, layer) on both sides (:func:`~kvroute.presses.scorers.kvpress_adapter.seeded_kvpress_layers`).
 
+Presses kvpress applies with "fake keys" (AdaKV, CriticalAdaKV, KVzip: evicted keys overwritten so
+that their logits fall below zero) leave their decisions on the attention modules; for those the
+comparison also reads kvpress's keep masks (:func:`kvpress_keep_masks`) and holds kvroute's against
+them. Where kvpress's pipeline cannot decode such a cell (its fake-key search fails, as on random tiny
+models with more queries than head dimensions) the masks are the comparison.
+
 One kvpress quirk is read past: its generation loop tests for EOS from the second token on, so an
 answer whose first token is EOS goes on past its end there. kvpress's answer is then that one EOS
 token, where kvroute stops (seen on tiny random models, whose first token is sometimes EOS).
@@ -21,13 +27,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
 from kvroute.engine import Cell, Engine
 from kvroute.engine.decode import CellOutput
 from kvroute.engine.reference import kvpress_answer, kvpress_pipeline, kvpress_press
-from kvroute.errors import EngineError
+from kvroute.errors import EngineError, error_reason
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
 
 DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
+KVPRESS_FAILED = "kvpress failed: "  # how a cell reads when kvpress's own code raised on it
 
 
 class ReferencePrompt(Protocol):
@@ -61,22 +70,30 @@ class CellComparison:
     ours: CellOutput
     kvpress_text: str
     kvpress_ids: list[int]
-    no_reference: str | None = None  # why kvpress cannot run this cell (e.g. its own precondition), else None
+    no_reference: str | None = None  # why kvpress's pipeline did not answer this cell, else None
+    masks_equal: bool | None = None  # fake-key presses: kvroute's keep mask == kvpress's; None: kvpress prunes
 
     @property
-    def comparable(self) -> bool:
+    def answered(self) -> bool:
+        """kvpress's pipeline gave an answer to compare with."""
         return self.no_reference is None
 
     @property
+    def comparable(self) -> bool:
+        return self.answered or self.masks_equal is not None
+
+    @property
     def agrees(self) -> bool:
-        return self.comparable and self.ours.tokens == self.kvpress_ids and self.ours.text == self.kvpress_text
+        tokens = not self.answered or (self.ours.tokens == self.kvpress_ids and self.ours.text == self.kvpress_text)
+        return self.comparable and self.masks_equal is not False and tokens
 
     def describe(self) -> str:
         where = f"{self.prompt_id} {self.cell.press}@{self.cell.ratio:g}"
-        if not self.comparable:
-            return f"{where}: no kvpress reference: {self.no_reference}"
+        masks = "" if self.masks_equal is None else f" (keep masks {'equal' if self.masks_equal else 'DIFFER'})"
+        if not self.answered:
+            return f"{where}: no kvpress answer: {self.no_reference}{masks}"
         return (f"{where}: kvpress {self.kvpress_text!r} {self.kvpress_ids} vs kvroute {self.ours.text!r} "
-                f"{self.ours.tokens}")
+                f"{self.ours.tokens}{masks}")
 
 
 @dataclass(frozen=True)
@@ -144,13 +161,55 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
         if ours is None:  # only with cell_errors=True, which this run does not ask for
             raise EngineError(f"cell {cell.press} @ {cell.ratio}: {res.errors.get(i, 'no output')}")
         t0 = time.perf_counter()
+        mask = res.masks[i]
+        try:
+            theirs = kvpress_keep_masks(lm, prompt, cell.press, cell.ratio, seed=seed)
+        except EngineError:  # no kvpress press: the pipeline below says why
+            theirs = None
+        equal = None if theirs is None or mask is None else bool(torch.equal(mask.mask.cpu(), theirs))
+        text, why = "", None
+        ids: list[int] = []
         try:
             text, ids = kvpress_answer_ids(lm, prompt, cell.press, cell.ratio, seed=seed, pipeline=pipe,
                                            max_new_tokens=engine.settings.max_new_tokens)
         except EngineError as e:  # kvpress has no press for this cell (kvroute's own, or its precondition fails)
-            out.append(CellComparison(prompt_id, cell, ours, "", [], no_reference=str(e)))
-            continue
+            why = str(e)
+        except (AssertionError, ValueError, RuntimeError) as e:  # kvpress's own code failed on this cell
+            why = f"{KVPRESS_FAILED}{error_reason(e)}"
         finally:
             t_ref += time.perf_counter() - t0
-        out.append(CellComparison(prompt_id, cell, ours, text, ids))
+        out.append(CellComparison(prompt_id, cell, ours, text, ids, no_reference=why, masks_equal=equal))
     return PromptComparison(out, t_ours, t_ref)
+
+
+@torch.inference_mode()
+def kvpress_keep_masks(lm: Any, prompt: ReferencePrompt, spec: str, ratio: float, *,
+                       seed: int = 0) -> torch.Tensor | None:
+    """The keep masks ``[L, Hkv, T]`` a fake-key kvpress press decides for ``prompt`` (None when it prunes instead).
+
+    kvpress's press runs its own hooks on a prefill of the context; its decisions are read from the
+    ``masked_key_indices`` it leaves on each attention module (cleared afterwards).
+    """
+    from transformers import DynamicCache
+
+    from kvroute.engine.hooks import decoder_layers
+    from kvroute.engine.reference import _attn
+
+    press = kvpress_press(spec, ratio, prompt.question_window)
+    model = lm.model
+    ids = torch.tensor([list(prompt.context_ids)], device=next(model.parameters()).device)
+    with _attn(lm, spec), seeded_kvpress_layers(model, seed), press(model):
+        model.model(input_ids=ids, past_key_values=DynamicCache(config=model.config))
+    attns: list[Any] = [layer.self_attn for layer in decoder_layers(model)]
+    found = [getattr(a, "masked_key_indices", None) for a in attns]
+    for a in attns:
+        if hasattr(a, "masked_key_indices"):
+            a.masked_key_indices = None
+    if all(f is None for f in found):
+        return None
+    keep = torch.ones(len(attns), lm.info.num_kv_heads, ids.shape[1], dtype=torch.bool)
+    for layer, f in enumerate(found):
+        if f is not None:
+            _, h, t = f
+            keep[layer, h.cpu(), t.cpu()] = False
+    return keep

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -29,6 +30,22 @@ from torch import nn
 from kvroute.errors import ConfigError, EngineError, error_reason
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer
+
+
+@contextlib.contextmanager
+def quiet_kvpress(module: str) -> Iterator[None]:
+    """Silence the warnings of kvpress module ``module`` (e.g. ``"kvzip_press"``) inside the block.
+
+    For warnings kvroute states itself, once and where it matters (``presses list``, its own log),
+    rather than once per press object built.
+    """
+    log = logging.getLogger(f"kvpress.presses.{module}")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def layer_seed(seed: int, layer_idx: int) -> int:

@@ -14,9 +14,6 @@ selection works on its scores too.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -27,23 +24,11 @@ from transformers import DynamicCache
 from kvroute.errors import EngineError
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ModelScoreInputs, ScoreInputs
-from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
+from kvroute.presses.scorers.kvpress_adapter import KvpressScorer, quiet_kvpress
 
 # kvpress's replay prompts (KVzipPress.prepare) and the tail of the previous chunk a later prompt quotes
 _FIRST, _LATER, _QUOTED = "\n\nRepeat the previous context exactly.", \
     "\n\nRepeat the part of the previous context exactly, starting with", 8
-
-
-@contextlib.contextmanager
-def _no_cost_warning() -> Iterator[None]:
-    """KVzipPress warns of its replay cost whenever one is built; kvroute states that cost in `presses list`."""
-    log = logging.getLogger("kvpress.presses.kvzip_press")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 @SCORERS.register("kvzip")
@@ -59,7 +44,7 @@ class KVzipScorer(KvpressScorer):
                                           "chunk_size": Param(lo=1, why="context tokens replayed per pass")}
 
     def __init__(self, **params: Any) -> None:
-        with _no_cost_warning():
+        with quiet_kvpress("kvzip_press"):  # its cost is stated in `presses list`
             super().__init__(**params)
         self._window: int | None = None
         self._tokenizer: Any = None
@@ -135,5 +120,5 @@ class KVzipScorer(KvpressScorer):
             press._context_ids = press._cache = press.score_val = None
 
     def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
-        with _no_cost_warning():
+        with quiet_kvpress("kvzip_press"):  # its cost is stated in `presses list`
             return KVzipPress(compression_ratio=ratio, **self.params)

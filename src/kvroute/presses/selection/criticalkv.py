@@ -11,6 +11,7 @@ cross-head budget) operation for operation, so the masks are the same.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -21,9 +22,20 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from kvroute.errors import ConfigError, EngineError
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import ScoreInputs, Scorer
+from kvroute.presses.scorers.kvpress_adapter import quiet_kvpress
 from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, scorer_press, topk_mask
 
 VALUE_NORM = "value_norm"
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
+
+
+def _check_vnorm(kind: str, scorer: Scorer) -> None:
+    """Expected attention with use_vnorm already weighs by ‖v‖; CriticalKV weighs by ‖W_O v‖ again (kvpress warns)."""
+    if getattr(scorer, "name", "") == "expected_attention" and getattr(scorer, "use_vnorm", False) and kind not in _WARNED:
+        _WARNED.add(kind)
+        log.warning("%s with expected_attention[use_vnorm=true] weighs the values twice; kvpress advises "
+                    "expected_attention[use_vnorm=false]+%s", kind, kind)
 
 
 @dataclass
@@ -85,6 +97,10 @@ class CriticalKV(Selection):
     def aux_scorers(self) -> Mapping[str, Scorer]:
         return {VALUE_NORM: ValueProjectionNorm()}
 
+    def check_scorer(self, scorer: Scorer) -> None:
+        super().check_scorer(scorer)
+        _check_vnorm(self.name, scorer)
+
     def select(self, scores: torch.Tensor, ratio: float) -> torch.Tensor:
         return self.select_aux(scores, ratio, {})
 
@@ -107,8 +123,9 @@ class CriticalKV(Selection):
     def kvpress_counterpart(self, scorer: Scorer, ratio: float, question_window: int = 0) -> Any:
         from kvpress import CriticalKVPress
 
-        return CriticalKVPress(scorer_press(scorer, ratio, question_window, "CriticalKVPress"), epsilon=self.epsilon,
-                               first_stage_ratio=self.first_stage_ratio)
+        with quiet_kvpress("criticalkv_press"):  # its use_vnorm warning: _check_vnorm, once
+            inner = scorer_press(scorer, ratio, question_window, "CriticalKVPress")
+            return CriticalKVPress(inner, epsilon=self.epsilon, first_stage_ratio=self.first_stage_ratio)
 
 
 def critical_adakv_layer(scores: torch.Tensor, norms: torch.Tensor, k: int, alpha_safeguard: float, epsilon: float,
@@ -167,6 +184,10 @@ class CriticalAdaKV(Selection):
     def aux_scorers(self) -> Mapping[str, Scorer]:
         return {VALUE_NORM: ValueProjectionNorm()}
 
+    def check_scorer(self, scorer: Scorer) -> None:
+        super().check_scorer(scorer)
+        _check_vnorm(self.name, scorer)
+
     def select(self, scores: torch.Tensor, ratio: float) -> torch.Tensor:
         return self.select_aux(scores, ratio, {})
 
@@ -181,5 +202,7 @@ class CriticalAdaKV(Selection):
     def kvpress_counterpart(self, scorer: Scorer, ratio: float, question_window: int = 0) -> Any:
         from kvpress import CriticalAdaKVPress
 
-        return CriticalAdaKVPress(scorer_press(scorer, ratio, question_window, "CriticalAdaKVPress"), alpha_safeguard=self.alpha_safeguard,
-                                  epsilon=self.epsilon, first_stage_ratio=self.first_stage_ratio)
+        with quiet_kvpress("criticalkv_press"):
+            inner = scorer_press(scorer, ratio, question_window, "CriticalAdaKVPress")
+            return CriticalAdaKVPress(inner, alpha_safeguard=self.alpha_safeguard, epsilon=self.epsilon,
+                                      first_stage_ratio=self.first_stage_ratio)
