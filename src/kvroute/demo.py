@@ -2,7 +2,7 @@
 
 ``kvroute demo`` (and ``make demo``) pulls the model(s), generates a task suite, sweeps a ratio grid
 dense near the top over the paper's pair of presses (Expected Attention with AdaKV and with chunked
-selection), classic ones and kvroute's route-preserving selection, searches token-route lottery
+selection), classic ones, KVzip and kvroute's route-preserving selection, searches token-route lottery
 tickets for a few instances, saves one instance's keep-mask for the survival heatmap, writes the
 report, and returns the headline findings. The run directory is an ordinary sweep run: re-running
 the demo resumes it, and ``kvroute report RUN_DIR`` redraws the report.
@@ -30,6 +30,7 @@ DEMO_PRESSES = (
     "expected_attention+routes",  # kvroute's route-preserving selection
     "snapkv[window_size=16]",  # kvpress's 64-token window would cover most of a CPU-sized context
     "streaming_llm",
+    "kvzip",  # context reconstruction, the strongest press of kvpress's RULER leaderboard (its own replay forward)
 )
 #: (family, difficulty, instances) of the default suite; contexts stay short except long_context
 DEMO_FAMILIES = (("base", 1, 12), ("knowledge", 1, 6), ("multi_entity", 1, 6), ("multi_presence", 1, 6),

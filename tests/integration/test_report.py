@@ -166,3 +166,25 @@ def test_every_table_scrolls_in_its_own_box(report):
     _, html = report
     assert html.count("<table>") == html.count('<div class="scroll"><table>') > 5
     assert ".scroll { overflow-x: auto" in html
+
+
+def test_report_has_the_press_league_right_after_the_cliff(report):
+    path, html = report
+    ids = _sections(html)
+    assert ids.index("league") == ids.index("cliff") + 1 and '<a href="#league">' in html
+    league = html[html.index('<section id="league">'):html.index('<section id="context">')]
+    assert "matched budgets" in league and "Rows are ranked" in league.split("<table>")[0]  # how to read it, first
+    assert "<th>safe ratio</th>" in league and "<th>α* [95% CI]</th>" in league
+    assert "<th>GER at the safe ratio [95% CI]</th>" in league and "<th>eviction effect within ratio [95% CI]</th>" in league
+    s = json.loads((path.parent / "summary.json").read_text())
+    rows = s["press_league"]
+    assert len(rows) == 2 * 3  # two models × three presses, the baseline not ranked
+    assert league.count("<tr>") == len(rows) + 1  # one header row
+    for r in rows:  # every row rendered with its words, escaped
+        for col in ("alpha_star_text", "safe_ratio_text", "ger_at_safe_text", "eviction_text"):
+            assert esc(r[col]) in league, (col, r[col])
+    for model in {r["model"] for r in rows}:
+        mine = [r for r in rows if r["model"] == model]
+        assert [r["rank"] for r in mine] == [1, 2, 3]
+        safe = [r["safe_ratio"] for r in mine]
+        assert safe == sorted(safe, reverse=True)

@@ -32,6 +32,7 @@ from kvroute.analysis.curves import (
     routing_curves,
 )
 from kvroute.analysis.decomposition import failure_decomposition, rigidity_comparison
+from kvroute.analysis.league import LEAGUE_RULE, MIN_LEAGUE_INSTANCES, press_league
 from kvroute.analysis.load import drop_errors, rename_legacy_fields
 from kvroute.analysis.probe import identity_by_ratio, lens_profiles, probe_by_ratio
 from kvroute.analysis.redundancy import redundancy_table
@@ -53,13 +54,15 @@ class AnalysisConfig:
     long_context_family: str = LONG_CONTEXT
     length_edges: tuple[float, ...] | None = None  # context-length bin edges (default: half octaves)
     probe_folds: int = 5
+    league_min_instances: int = MIN_LEAGUE_INSTANCES  # press league: fewer instances = undecided, unranked
 
     def __post_init__(self) -> None:
         checks = [("delta", 0 < self.delta < 1, "in (0, 1)"), ("n_boot", self.n_boot >= 10, "at least 10"),
                   ("confidence", 0.5 <= self.confidence < 1, "in [0.5, 1)"),
                   ("ger_threshold", 0 < self.ger_threshold <= 1, "in (0, 1]"),
                   ("min_amplitude", 0 < self.min_amplitude < 1, "in (0, 1)"),
-                  ("probe_folds", self.probe_folds >= 2, "at least 2")]
+                  ("probe_folds", self.probe_folds >= 2, "at least 2"),
+                  ("league_min_instances", self.league_min_instances >= 2, "at least 2")]
         for name, ok, allowed in checks:
             if not ok:
                 raise ConfigError(f"analysis setting {name}={getattr(self, name)!r} is out of range; it must be {allowed}")
@@ -125,6 +128,11 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
     # the headline GER reading: within ratio (logistic on GER with ratio strata, instance-clustered bootstrap)
     section("ger_within_ratio", ["ger", "hallucinated"], lambda: {
         "ger_within_ratio": within_ratio_link(df, threshold=cfg.ger_threshold, **boot)})
+    # the routing view of the leaderboard: the run's cliffs and within-ratio links side by side, matched budgets
+    section("press_league", ["hallucinated"], lambda: {"press_league": press_league(
+        df, cliffs=tables.get("cliffs"), within=tables.get("ger_within_ratio"), delta=cfg.delta,
+        min_amplitude=cfg.min_amplitude, ger_threshold=cfg.ger_threshold, min_instances=cfg.league_min_instances,
+        **boot)})
     section("ger_correlation", ["ger", "hallucinated"],
             lambda: dict(zip(("ger_points", "ger_correlation"), ger_hallucination_correlation(df), strict=True)))
     section("conditional", ["ger_all_layers", "hallucinated"], lambda: {
@@ -174,6 +182,7 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                                 "hi = 1); an interval end that falls on a censored replicate is left open",
                      "safe_ratio_rule": f"largest α with the one-sided {cfg.confidence:.0%} bootstrap upper bound of "
                                         f"H(α) − H(0) ≤ δ={cfg.delta:g} at it and every smaller ratio",
+                     "press_league": LEAGUE_RULE.format(n=cfg.league_min_instances),
                      "globally_evicted": f"ger_all_layers ≥ {cfg.ger_threshold:g}",
                      "ger_link": "headline = within ratio: per (model, press, regime, family), logistic regression of "
                                  "hallucinated on the cell's ger with one intercept per ratio (ratio × family when "

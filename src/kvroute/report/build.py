@@ -23,6 +23,7 @@ from kvroute.report import figures_routing as fr
 from kvroute.report import html as h
 from kvroute.report.findings import findings_html
 from kvroute.report.heatmap import SurvivalExample, survival_figure
+from kvroute.report.league import league_html
 from kvroute.report.manifest import manifest_html
 from kvroute.report.render import data_uri, png_bytes
 
@@ -116,6 +117,9 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
             h.section("cliff", "1. Hallucination cliff",
                       '<p>The H(α) figure opens the report (<a href="#fig-cliff">Findings</a>); the fits per family:</p>',
                       _cliff_table(t.get("cliffs"))),
+            h.section("league", "Press league: the routing view at matched budgets",
+                      league_html(t.get("press_league"), why("press_league"), delta=cfg.delta, confidence=cfg.confidence,
+                                  min_instances=cfg.league_min_instances)),
             h.section("context", "2. α* against context length",
                       fig("fig-context", lambda: fc.context_figure(t.get("length_cliffs"), t.get("length_verdicts")),
                           "α* and the critical kept-token budget (1 − α*)·T against T (long-context family), 95% intervals.",
@@ -219,7 +223,7 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
             h.section("manifest", "Run manifest", manifest_html(manifest)),
         ]
         toc = [("findings", "Findings"), ("run", "What was run"), ("headline", "Headline numbers"), ("cliff", "Hallucination cliff"),
-               ("context", "α* against context length"), ("ger", "GER and hallucination"),
+               ("league", "Press league"), ("context", "α* against context length"), ("ger", "GER and hallucination"),
                ("rau", "Retention, accessibility, utilization"), ("decomposition", "Failure decomposition"),
                ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"),
                ("probe", "Identity and logit lens"),

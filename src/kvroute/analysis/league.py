@@ -1,0 +1,280 @@
+"""The press league: the routing view of the kvpress leaderboard, one row per (model, press, regime).
+
+Every number comes from an estimator defined elsewhere; this module only lines them up at
+*matched budgets* and says in words where the data cannot decide.
+
+* **Matched budgets.** Within one (model, regime) every press is read on the same ratio grid:
+  the ratios every press of that group was tested at (with H recorded). When some press has
+  ratios the others lack, those ratios are left out for every press of the group (named in
+  ``ratios_left_out``) and the cliffs and the within-ratio link are recomputed on the matched
+  records with the same functions; otherwise the run's own tables are reused as they are.
+* **α\\*** — the cliff midpoint of :func:`~kvroute.analysis.cliff.cliff_tables` (families pooled),
+  with its censored bootstrap interval; ``alpha_star_text`` says which end is open, or why there
+  is no midpoint (no cliff in the tested range, beyond or below the grid).
+* **safe ratio** — :func:`~kvroute.analysis.cliff.safe_ratio`, as in the cliff table.
+* **GER at the safe ratio** — mean ``ger`` of the press's cells at its safe ratio, families
+  pooled, with a percentile bootstrap interval over instances
+  (:func:`~kvroute.analysis.bootstrap.bootstrap_ci`); undefined ("–") at a safe ratio of 0
+  (nothing is compressed) or where no cell there has a defined GER.
+* **eviction effect** — :func:`~kvroute.analysis.correlation.within_ratio_link` for the press
+  (families pooled): odds ratio per +0.1 GER and the Mantel–Haenszel ΔP(H) evicted − retained at
+  the same ratio, with their instance-clustered intervals and the verdict.
+
+**Order.** Within (model, regime), decided rows by safe ratio (largest first), then α* (largest
+first; a midpoint beyond the grid counts as larger than any inside it, one below it as smaller, and
+a curve without a cliff comes after the ties with one). A row is *undecided* — no ``rank``, listed
+after the ranked rows, every cell saying why — when its curve has fewer than ``min_instances``
+instances or no safe ratio (no ratio-0 baseline). Numbers stay in the numeric columns for the
+record; the ``*_text`` columns are what a reader should quote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvroute.analysis.bootstrap import bootstrap_ci
+from kvroute.analysis.cliff import cliff_tables
+from kvroute.analysis.common import (
+    ALL,
+    BASELINE_PRESS,
+    PRESS_KEYS,
+    AnalysisError,
+    attach_baseline,
+    has_columns,
+    require_columns,
+)
+from kvroute.analysis.correlation import GLOBAL_EVICTION_THRESHOLD, within_ratio_link
+from kvroute.analysis.sigmoid import MIN_AMPLITUDE
+
+#: below this many instances a curve's α*, safe ratio and GER are not ranked ("undecided")
+MIN_LEAGUE_INSTANCES = 10
+
+LEAGUE_COLUMNS = ["model", "regime", "rank", "press", "family", "decided", "n_instances", "n_ratios", "ratios",
+                  "ratios_left_out", "grid_text", "cliff_status", "alpha_star", "alpha_star_low", "alpha_star_high",
+                  "alpha_star_identified", "alpha_star_text", "safe_ratio", "safe_ratio_text", "ger_at_safe",
+                  "ger_at_safe_low", "ger_at_safe_high", "ger_at_safe_instances", "ger_at_safe_text",
+                  "eviction_verdict", "eviction_or_per_tenth", "eviction_or_per_tenth_low",
+                  "eviction_or_per_tenth_high", "eviction_risk_difference", "eviction_risk_difference_low",
+                  "eviction_risk_difference_high", "eviction_text", "note"]
+
+#: how the league is made, as stated in summary.json's settings
+LEAGUE_RULE = ("one row per (model, press, regime), families pooled, every press of a (model, regime) on the ratios "
+               "all of them were tested at; ranked by safe ratio (largest first), then α* (largest first; beyond the "
+               "grid above, below the grid under, no cliff after the ties); rows with fewer than {n} instances or no "
+               "safe ratio are undecided and unranked; GER at the safe ratio: mean ger with an instance-bootstrap "
+               "interval; eviction effect: the within-ratio GER–hallucination link of the press")
+
+
+def _is_num(v: object) -> bool:
+    return v is not None and not (isinstance(v, float) and np.isnan(v))
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if _is_num(v) else None
+
+
+def matched_grids(data: pd.DataFrame, value_col: str = "hallucinated") -> pd.DataFrame:
+    """Per (model, regime, press): ``ratios`` it was tested at (``value_col`` recorded), the group's
+    ``matched`` ratios (tested for every press of the (model, regime)) and ``left_out`` (its own
+    ratios outside the matched grid). ``data`` has its baseline attached."""
+    tested = data[data[value_col].notna()].groupby(["model", "regime", "press"], sort=True)["ratio"].agg(
+        lambda r: tuple(sorted(set(r.astype(float)))))
+    rows = []
+    for (model, regime), g in tested.groupby(level=["model", "regime"], sort=True):
+        common = sorted(set.intersection(*(set(r) for r in g)))
+        for (_, _, press), own in g.items():
+            rows.append({"model": model, "regime": regime, "press": press, "ratios": list(own), "matched": common,
+                         "left_out": [r for r in own if r not in common]})
+    return pd.DataFrame(rows, columns=["model", "regime", "press", "ratios", "matched", "left_out"])
+
+
+def press_league(df: pd.DataFrame, *, cliffs: pd.DataFrame | None = None, within: pd.DataFrame | None = None,
+                 delta: float = 0.05, n_boot: int = 1000, confidence: float = 0.95, seed: int = 0,
+                 min_amplitude: float = MIN_AMPLITUDE, ger_threshold: float = GLOBAL_EVICTION_THRESHOLD,
+                 min_instances: int = MIN_LEAGUE_INSTANCES) -> pd.DataFrame:
+    """The press league of the records ``df`` (one row per cell; see the module docstring).
+
+    ``cliffs`` (the second table of :func:`cliff_tables`) and ``within`` (:func:`within_ratio_link`)
+    are the run's own tables, reused when every press of a (model, regime) shares one ratio grid;
+    they are computed here when missing (``within`` only when the records carry ``ger``) and
+    recomputed on the matched records when the grids differ. The other arguments are theirs.
+    Returns a DataFrame with :data:`LEAGUE_COLUMNS`, sorted by model, regime and rank.
+    """
+    if min_instances < 2:
+        raise AnalysisError(f"min_instances must be at least 2, got {min_instances}")
+    data = attach_baseline(df)
+    require_columns(data, ["hallucinated"], "the press league")
+    data = data[data["press"] != BASELINE_PRESS]
+    if data.empty:
+        raise AnalysisError(f"no press other than the {BASELINE_PRESS!r} baseline in these records: nothing to rank")
+    grids = matched_grids(data)
+    if grids["left_out"].map(len).any():
+        keep = data.merge(grids[["model", "regime", "press", "matched"]], on=["model", "regime", "press"], how="left")
+        data = data[[r in m for r, m in zip(keep["ratio"], keep["matched"], strict=True)]]
+        cliffs = within = None  # the run's tables saw the unmatched grids
+    boot: dict[str, Any] = dict(n_boot=n_boot, confidence=confidence, seed=seed)
+    if cliffs is None:
+        cliffs = cliff_tables(data, delta=delta, min_amplitude=min_amplitude, **boot)[1]
+    if within is None and has_columns(data, ["ger"]):
+        within = within_ratio_link(data, threshold=ger_threshold, **boot)
+    if cliffs.empty:
+        raise AnalysisError("the cliff analysis gave no curve to rank")
+    family = ALL if (cliffs["family"] == ALL).any() else str(cliffs["family"].iloc[0])
+    rows = cliffs[(cliffs["family"] == family) & (cliffs["press"] != BASELINE_PRESS)]
+    rows = rows.merge(grids, on=["model", "regime", "press"], how="inner")
+    ger = _ger_at_safe(data, rows, **boot)
+    ev = None if within is None or within.empty else within[within["family"] == family]
+    out = [_row(r, family, ger, ev, min_instances) for r in rows.to_dict(orient="records")]
+    return _ranked(pd.DataFrame(out, columns=[c for c in LEAGUE_COLUMNS if c != "rank"]))
+
+
+def _ger_at_safe(data: pd.DataFrame, rows: pd.DataFrame, *, n_boot: int, confidence: float,
+                 seed: int) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Mean GER with its instance-bootstrap interval at each row's (positive) safe ratio, keyed by PRESS_KEYS."""
+    if not has_columns(data, ["ger"]):
+        return {}
+    safe = rows[["model", "press", "regime", "safe_ratio"]].dropna()
+    safe = safe[safe["safe_ratio"] > 0].rename(columns={"safe_ratio": "ratio"})
+    cells = data.merge(safe, on=[*PRESS_KEYS, "ratio"], how="inner")
+    cells = cells[pd.to_numeric(cells["ger"], errors="coerce").notna()]
+    if cells.empty:
+        return {}
+    ci = bootstrap_ci(cells, "ger", PRESS_KEYS, n_boot=n_boot, confidence=confidence, seed=seed)
+    return {tuple(r[k] for k in PRESS_KEYS): r for r in ci.to_dict(orient="records")}
+
+
+def _grid_text(ratios: Sequence[float], left_out: Sequence[float]) -> str:
+    text = f"{len(ratios)} ratios, {min(ratios):g}–{max(ratios):g}" if ratios else "no ratio"
+    if left_out:
+        text += f" (left out to match the other presses: {', '.join(f'{r:g}' for r in left_out)})"
+    return text
+
+
+def _row(c: dict[str, Any], family: str, ger: dict[tuple[str, ...], dict[str, Any]],
+         ev: pd.DataFrame | None, min_instances: int) -> dict[str, Any]:
+    key = tuple(str(c[k]) for k in PRESS_KEYS)
+    matched = [r for r in c["ratios"] if r not in c["left_out"]]
+    n_inst = int(c["n_instances"]) if _is_num(c.get("n_instances")) else 0
+    safe = _num(c.get("safe_ratio"))
+    few = n_inst < min_instances
+    undecided = f"undecided: only {n_inst} instances (fewer than {min_instances})" if few else None
+    out: dict[str, Any] = {
+        "model": c["model"], "regime": c["regime"], "press": c["press"], "family": family, "n_instances": n_inst,
+        "n_ratios": len(matched), "ratios": matched, "ratios_left_out": list(c["left_out"]),
+        "grid_text": _grid_text(matched, c["left_out"]),
+        "cliff_status": c.get("status"), "alpha_star": _num(c.get("alpha_star")),
+        "alpha_star_low": _num(c.get("alpha_star_low")), "alpha_star_high": _num(c.get("alpha_star_high")),
+        "alpha_star_identified": c.get("alpha_star_identified"), "safe_ratio": safe,
+        "alpha_star_text": undecided or _alpha_text(c),
+        "safe_ratio_text": undecided or _safe_text(safe),
+        "decided": not few and safe is not None,
+    }
+    g = ger.get(key) if safe else None
+    out.update(ger_at_safe=_num(g["mean"]) if g else None, ger_at_safe_low=_num(g["ci_low"]) if g else None,
+               ger_at_safe_high=_num(g["ci_high"]) if g else None,
+               ger_at_safe_instances=int(g["n_instances"]) if g else None,
+               ger_at_safe_text=undecided or _ger_text(g, safe, ev is not None))
+    w = None if ev is None else ev[(ev["model"] == c["model"]) & (ev["press"] == c["press"]) & (ev["regime"] == c["regime"])]
+    wr = w.iloc[0].to_dict() if w is not None and not w.empty else {}
+    out.update(eviction_verdict=wr.get("verdict"),
+               **{f"eviction_{k}": _num(wr.get(k)) for k in ("or_per_tenth", "or_per_tenth_low", "or_per_tenth_high",
+                                                          "risk_difference", "risk_difference_low",
+                                                          "risk_difference_high")},
+               eviction_text=undecided or _eviction_text(wr, ev is not None))
+    notes = [undecided] if undecided else []
+    if safe is None:
+        notes.append("no ratio-0 baseline cells, so no safe ratio to rank by")
+    if c["left_out"]:
+        notes.append(_grid_text(matched, c["left_out"]))
+    out["note"] = "; ".join(n for n in notes if n) or None
+    return out
+
+
+def _alpha_text(c: dict[str, Any]) -> str:
+    status = str(c.get("status") or "no_data")
+    a, lo, hi = _num(c.get("alpha_star")), _num(c.get("alpha_star_low")), _num(c.get("alpha_star_high"))
+    ident = c.get("alpha_star_identified")
+    if a is not None and status.startswith("ok"):
+        if ident == "identified" and lo is not None and hi is not None:
+            return f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
+        if ident == "open_above" and lo is not None:
+            return (f"{a:.3f} [{lo:.3f}, open): the upper end is not identified "
+                    f"({_share(c.get('boot_beyond_grid'))} of replicates beyond the grid)")
+        if ident == "open_below" and hi is not None:
+            return (f"{a:.3f} (open, {hi:.3f}]: the lower end is not identified "
+                    f"({_share(c.get('boot_below_grid'))} of replicates below the grid)")
+        return (f"undecided: the interval is open at both ends ({_share(c.get('boot_no_cliff'))} of replicates "
+                f"without a cliff), so the point estimate {a:.3f} says little")
+    reason = str(c.get("reason") or "")
+    if status == "no_cliff":
+        return f"no cliff in the tested range: {reason}"
+    if status == "beyond_grid":
+        return f"beyond the tested range: {reason}"
+    if status == "below_grid":
+        return f"below the tested range: {reason}"
+    return f"undecided: {reason or status}"
+
+
+def _share(v: object) -> str:
+    return f"{v:.0%}" if _is_num(v) else "–"
+
+
+def _safe_text(safe: float | None) -> str:
+    if safe is None:
+        return "– (no ratio-0 baseline, so no safe ratio)"
+    if safe == 0:
+        return "0 (no compressed ratio stays within δ of the baseline)"
+    return f"{safe:g}"
+
+
+def _ger_text(g: dict[str, Any] | None, safe: float | None, has_ger: bool) -> str:
+    if safe is None:
+        return "– (no safe ratio)"
+    if safe == 0:
+        return "– (safe ratio 0: nothing is compressed)"
+    if g is None:
+        return "– (no cell at the safe ratio has a defined GER)" if has_ger else "– (the records carry no GER)"
+    lo, hi = _num(g["ci_low"]), _num(g["ci_high"])
+    ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else " (no interval: a single instance)"
+    return f"{float(g['mean']):.3f}{ci}"
+
+
+def _eviction_text(w: dict[str, Any], has_link: bool) -> str:
+    if not w:
+        return "– (no within-ratio GER test: the records carry no GER)" if not has_link else "– (no within-ratio fit for this press)"
+    verdict = str(w.get("verdict"))
+    o, olo, ohi = (_num(w.get(k)) for k in ("or_per_tenth", "or_per_tenth_low", "or_per_tenth_high"))
+    d, dlo, dhi = (_num(w.get(k)) for k in ("risk_difference", "risk_difference_low", "risk_difference_high"))
+    odds = f"OR per +0.1 GER {o:.2f} [{olo:.2f}, {ohi:.2f}]" if None not in (o, olo, ohi) else None
+    rd = f"ΔP(H) evicted − retained {d:+.3f} [{dlo:+.3f}, {dhi:+.3f}]" if None not in (d, dlo, dhi) else None
+    if verdict in ("too few data", "no data"):
+        return f"undecided ({verdict}): {w.get('note')}"
+    if verdict.endswith("(separated)"):
+        return f"{verdict}: GER separates H, so the odds ratio is held finite only by the ridge" + (f"; {rd}" if rd else "")
+    if verdict == "undecided":
+        return "undecided: the interval spans no effect" + "".join(f"; {p}" for p in (odds, rd) if p)
+    return verdict + (": " + "; ".join(p for p in (odds, rd) if p) if odds or rd else "")
+
+
+def _sort_alpha(r: pd.Series) -> float:
+    """α* as a sort key: beyond the grid above every midpoint, below it under; NaN (no cliff) last."""
+    status = str(r["cliff_status"])
+    if status.startswith("ok") and _is_num(r["alpha_star"]):
+        return float(r["alpha_star"])
+    return {"beyond_grid": np.inf, "below_grid": -np.inf}.get(status, np.nan)
+
+
+def _ranked(t: pd.DataFrame) -> pd.DataFrame:
+    if t.empty:
+        return t.reindex(columns=LEAGUE_COLUMNS)
+    t = t.assign(_safe=t["safe_ratio"].astype(float), _alpha=t.apply(_sort_alpha, axis=1),
+                 _undecided=~t["decided"].astype(bool))
+    t = t.sort_values(["model", "regime", "_undecided", "_safe", "_alpha", "press"],
+                      ascending=[True, True, True, False, False, True], na_position="last", kind="stable")
+    rank = t.groupby(["model", "regime"]).cumcount() + 1
+    t["rank"] = rank.where(t["decided"].astype(bool)).astype("Int64")
+    return t.drop(columns=["_safe", "_alpha", "_undecided"])[LEAGUE_COLUMNS].reset_index(drop=True)
