@@ -4,15 +4,20 @@ For every instance × press × ratio, kvroute decodes the cell from one shared p
 KeepMask; kvpress's own `KVPressTextGenerationPipeline` runs the same press on the same prompt
 (its own hooks, its own pruned or fake-key-masked cache). The greedy answers must agree token for
 token: the generated token ids (read off the pipeline's final ``tokenizer.decode`` call) and the
-text (the comparison is :mod:`kvroute.presses.check`'s, as in ``kvroute presses check``). Ends with
-the line `agreement: X/Y`.
+text; for presses kvpress applies with fake keys (AdaKV, CriticalAdaKV, KVzip's global selection)
+kvroute's keep masks must also equal the masks kvpress decides. The comparison is
+:mod:`kvroute.presses.check`'s, as in ``kvroute presses check``. Ends with the line `agreement: X/Y`.
 
-The presses are every scorer in the registry that wraps a kvpress press (with kvpress's defaults),
-a few parameter variants that reach code paths the defaults skip on ~220-token contexts, and the
-kvpress selection wrappers (AdaKV, ChunkPress) on two scorers. Random scorers (leverage,
-compactor) are seeded per (seed, layer) on both sides (``seeded_kvpress_layers``).
+The presses are read from the registries: every scorer that wraps a kvpress press (kvpress's
+defaults, its default selection; finch in the question-aware regime, where the question is in the
+compressed prefix; presses with learned hub weights — QFilter, KVzap, expected attention with stored
+statistics — with random weights of the right shape, written by kvpress's own class, since no
+checkpoint can be downloaded here), a few parameter variants that reach code paths the defaults skip on ~220-token
+contexts, and for every selection strategy with a kvpress counterpart the presses of
+``SELECTION_CASES`` (the script refuses to run if a registered selection has neither cases nor is
+kvroute's own). Random scorers are seeded per (seed, layer) on both sides.
 
-    python benchmarks/equivalence.py [--model smollm2-135m] [--n 12] [--max-new-tokens 24]
+    python benchmarks/equivalence.py [--model smollm2-135m] [--n 12] [--max-new-tokens 24] [--tokens 220]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,33 +34,51 @@ import torch
 from kvroute.engine import Cell, DecodeSettings, Engine
 from kvroute.engine.reference import kvpress_pipeline
 from kvroute.models import load_model
-from kvroute.presses.check import compare_prompt
+from kvroute.presses import SCORERS, SELECTIONS, build_press
+from kvroute.presses.check import Agreement, compare_prompt
+from kvroute.presses.scorers import KvpressScorer
+from kvroute.presses.scorers.local_weights import with_random_weights
 from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
 
-# every registered kvpress scorer, then variants and selection wrappers (kvpress AdaKVPress / ChunkPress)
-VARIANTS = ["lagkv[lag_size=32]", "compactor[chunk_size=64]", "non_causal_attention[chunk_size=64]"]
-SELECTIONS = ["expected_attention+adakv", "snapkv+adakv", "expected_attention+chunk[chunk_length=48]",
-              "knorm+chunk[chunk_length=48]"]
-
-
-def registry_presses() -> list[str]:
-    from kvroute.presses import SCORERS
-    from kvroute.presses.scorers import KvpressScorer
-
-    return [n for n, cls in SCORERS.items() if issubclass(cls, KvpressScorer)]
-
-
-PRESSES = registry_presses() + VARIANTS + SELECTIONS
+VARIANTS = ["lagkv[lag_size=32]", "compactor[chunk_size=64]", "non_causal_attention[chunk_size=64]",
+            "kvzip[chunk_size=64]"]
+# every selection with a kvpress counterpart: the presses that check it (expected attention without its own
+# value norm under CriticalKV, as kvpress advises)
+SELECTION_CASES = {
+    "per_head": ["knorm+per_head"],
+    "adakv": ["expected_attention+adakv", "snapkv+adakv"],
+    "chunk": ["expected_attention+chunk[chunk_length=48]", "knorm+chunk[chunk_length=48]",
+              "finch+chunk[chunk_length=128,rescore=false]"],
+    "chunkkv": ["expected_attention+chunkkv", "snapkv+chunkkv[chunk_length=10]"],
+    "entropy_chunkkv": ["expected_attention+entropy_chunkkv"],
+    "block": ["expected_attention+block[block_size=32]", "knorm+block[block_size=64]"],
+    "criticalkv": ["expected_attention[use_vnorm=false]+criticalkv", "snapkv+criticalkv"],
+    "critical_adakv": ["expected_attention[use_vnorm=false]+critical_adakv"],
+    "pyramid": ["snapkv+pyramid", "snapkv[window_size=32]+pyramid[window_size=32,beta=10]"],
+    "global": ["kvzip+global[per_layer=true]"],
+}
+OWN_SELECTIONS = {"routes", "shared"}  # kvroute's own: kvpress has no counterpart
 RATIOS = [0.25, 0.5, 0.75, 0.9]
 SEED = 0
 FAMILIES = ["base", "multi_entity", "hops", "knowledge", "coreference", "multi_presence"]
 
 
-def instances(tokenizer, n: int) -> list:
+def registry_presses() -> list[str]:
+    return [n for n, cls in SCORERS.items() if issubclass(cls, KvpressScorer)]
+
+
+def presses() -> list[str]:
+    missing = set(SELECTIONS.names()) - set(SELECTION_CASES) - OWN_SELECTIONS
+    if missing:
+        raise SystemExit(f"selections without equivalence cases: {sorted(missing)}; add them to SELECTION_CASES")
+    return registry_presses() + VARIANTS + [p for cases in SELECTION_CASES.values() for p in cases]
+
+
+def instances(tokenizer, n: int, tokens: int) -> list:
     out = []
     per = -(-n // len(FAMILIES))
     for fam in FAMILIES:
-        out += generate_tasks(TaskSpec(fam, n=per, seed=7, target_tokens=220), tokenizer)
+        out += generate_tasks(TaskSpec(fam, n=per, seed=7, target_tokens=tokens), tokenizer)
     return out[:n]
 
 
@@ -63,62 +87,77 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "equivalence.md"))
+    ap.add_argument("--tokens", type=int, default=220, help="target context length of the generated instances")
+    ap.add_argument("--out", default=None, help="default: results/equivalence[_MODEL].md")
     args = ap.parse_args()
+    out = Path(args.out) if args.out else Path(__file__).parent / "results" / (
+        "equivalence.md" if args.model == "smollm2-135m" else f"equivalence_{args.model}.md")
     torch.manual_seed(0)
     lm = load_model(args.model, dtype="float32")
-    tasks = instances(lm.tokenizer, args.n)
+    weights = Path(tempfile.mkdtemp(prefix="kvroute-equivalence-"))
+    label = {with_random_weights(p, lm.model, weights): p for p in presses()}  # the spec run -> the spec shown
+    all_presses = list(label)
+    tasks = instances(lm.tokenizer, args.n, args.tokens)
     engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens))
     pipe = kvpress_pipeline(lm)
-    cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
-    agree = total = 0
-    per_press: dict[str, list[int]] = {p: [0, 0] for p in PRESSES}
-    diffs = []
+    aware = [p for p in all_presses if build_press(p).scorer.needs_question_window]
+    groups = {"agnostic": [p for p in all_presses if p not in aware], "aware": aware}
+    tally = Agreement(label, per_press={p: [0, 0, 0, 0] for p in label.values()})  # rows in registry order
     t_ours = t_ref = 0.0
+
+    def report(done: int) -> list[str]:
+        lines = [
+            "# Equivalence with the kvpress pipeline",
+            "",
+            f"Command: `python benchmarks/equivalence.py --model {args.model} --n {args.n} "
+            f"--max-new-tokens {args.max_new_tokens} --tokens {args.tokens}`",
+            f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+            f"date {time.strftime('%Y-%m-%d')}.",
+            f"Model: {lm.name} (float32). Instances: {done} ({', '.join(dict.fromkeys(t.family for t in tasks[:done]))}; "
+            f"~{args.tokens}-token contexts), question-agnostic (finch: question-aware), greedy, "
+            f"max_new_tokens={args.max_new_tokens}.",
+            "",
+            f"Presses: every kvpress scorer in the registry ({len(registry_presses())}, kvpress defaults, each with its "
+            f"default selection), {len(VARIANTS)} parameter variants, and {sum(map(len, SELECTION_CASES.values()))} "
+            f"presses covering every selection with a kvpress counterpart ({len(SELECTION_CASES)}; kvroute's own: "
+            f"{', '.join(sorted(OWN_SELECTIONS))}); presses with learned hub weights run with random weights of the "
+            f"right shape on both sides; ratios {', '.join(map(str, RATIOS))}. Agreement = equal generated "
+            "token ids and text (and, for fake-key presses, equal keep masks).",
+            "",
+            "| press | agreement | keep masks equal (fake-key presses) |",
+            "|---|---|---|",
+            *[f"| `{p}` | {a}/{n} | {f'{m}/{nm}' if nm else '–'} |" for p, (a, n, m, nm) in tally.per_press.items()],
+            "",
+            f"Wall time: kvroute {t_ours:.1f} s (one prefill per instance and regime, all cells batched), "
+            f"kvpress pipeline {t_ref:.1f} s (one call per cell, plus one prefill per fake-key cell to read its masks).",
+            "",
+        ]
+        if tally.not_compared:
+            lines += ["Not compared (kvpress could not run the cell):", ""]
+            lines += [f"- {why} ({n} instances)" for why, n in tally.not_compared.items()] + [""]
+        if tally.mismatches:
+            lines += ["Disagreements:", ""] + [f"- {d}" for d in tally.mismatches] + [""]
+        if done < len(tasks):
+            lines.append(f"(partial: {done} of {len(tasks)} instances so far)")
+        lines.append(tally.line)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(lines) + "\n")
+        return lines
+
     for k, inst in enumerate(tasks):
-        prompt = build_prompt(lm.tokenizer, inst)
-        res = compare_prompt(engine, prompt, cells, seed=SEED, pipeline=pipe, prompt_id=inst.id)
-        t_ours += res.seconds_kvroute
-        t_ref += res.seconds_kvpress
-        for c in res.cells:
-            agree += c.agrees
-            total += 1
-            per_press[c.cell.press][0] += c.agrees
-            per_press[c.cell.press][1] += 1
-            if not c.agrees:
-                diffs.append(c.describe())
-        print(f"[{k + 1}/{len(tasks)}] {inst.family:<15} T={prompt.n_context:<4} agreement so far {agree}/{total}",
-              flush=True)
-    lines = [
-        "# Equivalence with the kvpress pipeline",
-        "",
-        f"Command: `python benchmarks/equivalence.py --model {args.model} --n {args.n} "
-        f"--max-new-tokens {args.max_new_tokens}`",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-        f"date {time.strftime('%Y-%m-%d')}.",
-        f"Model: {lm.name} (float32). Instances: {len(tasks)} ({', '.join(dict.fromkeys(t.family for t in tasks))}; "
-        f"~220-token contexts), "
-        f"question-agnostic, greedy, max_new_tokens={args.max_new_tokens}.",
-        "",
-        f"Presses: every kvpress scorer in the registry ({len(registry_presses())}, kvpress defaults), "
-        f"{len(VARIANTS)} parameter variants, {len(SELECTIONS)} with kvpress selection wrappers; ratios "
-        f"{', '.join(map(str, RATIOS))}. Agreement = equal generated token ids and text.",
-        "",
-        "| press | agreement |",
-        "|---|---|",
-        *[f"| `{p}` | {a}/{n} |" for p, (a, n) in per_press.items()],
-        "",
-        f"Wall time: kvroute {t_ours:.1f} s (one prefill per instance, all {len(cells)} cells batched), "
-        f"kvpress pipeline {t_ref:.1f} s (one call per cell).",
-        "",
-    ]
-    if diffs:
-        lines += ["Disagreements:", ""] + [f"- {d}" for d in diffs]
-    lines.append(f"agreement: {agree}/{total}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[-(len(diffs) + 3):]))
-    return 0 if agree == total else 1
+        for regime, group in groups.items():
+            if not group:
+                continue
+            prompt = build_prompt(lm.tokenizer, inst, regime=regime)
+            res = compare_prompt(engine, prompt, [Cell(p, r) for p in group for r in RATIOS], seed=SEED,
+                                 pipeline=pipe, prompt_id=inst.id)
+            t_ours += res.seconds_kvroute
+            t_ref += res.seconds_kvpress
+            tally.add(res)
+        print(f"[{k + 1}/{len(tasks)}] {inst.family:<15} {tally.line} so far", flush=True)
+        lines = report(k + 1)
+    print("\n".join(lines[-(len(tally.mismatches) + 3):]))
+    return 0 if tally.agree == tally.total else 1
 
 
 if __name__ == "__main__":

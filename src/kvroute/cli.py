@@ -583,7 +583,7 @@ def presses_check(
     from kvroute.engine.reference import kvpress_pipeline
     from kvroute.models import save_tiny_model
     from kvroute.presses import build_press, check_ratio
-    from kvroute.presses.check import compare_prompt, no_kvpress_counterpart
+    from kvroute.presses.check import Agreement, compare_prompt, no_kvpress_counterpart
     from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
 
     rs = [check_ratio(r) for r in _csv(ratios, float) or []]
@@ -617,26 +617,18 @@ def presses_check(
         cells = [Cell(spec, r) for r in rs]
         # a press that scores by the question (finch) is checked with the question inside the compressed prefix
         regime = "aware" if build_press(spec).scorer.needs_question_window else "agnostic"
-        agree = total = 0
-        no_reference: dict[str, int] = {}
+        tally = Agreement()
         with RichProgress().task(f"{spec} vs kvpress on {lm.name}", len(instances)) as bar:
             for inst in instances:
                 res = compare_prompt(engine, build_prompt(lm.tokenizer, inst, regime=regime), cells, seed=seed,
                                      pipeline=pipe, prompt_id=inst.id)
-                for c in res.cells:
-                    if not c.comparable:
-                        key = f"{c.cell.press}@{c.cell.ratio:g}: {c.no_reference}"
-                        no_reference[key] = no_reference.get(key, 0) + 1
-                        continue
-                    agree += c.agrees
-                    total += 1
-                    if not c.agrees:
-                        console.print(f"mismatch {escape(c.describe())}", highlight=False, soft_wrap=True)
+                for c in tally.add(res):
+                    console.print(f"mismatch {escape(c.describe())}", highlight=False, soft_wrap=True)
                 bar.advance()
-        for why, count in no_reference.items():
+        for why, count in tally.not_compared.items():
             console.print(f"not compared ({count} cells): {escape(why)}", highlight=False, soft_wrap=True)
-        console.print(f"agreement: {agree}/{total}", highlight=False)
-    if agree != total or total == 0:
+        console.print(tally.line, highlight=False)
+    if tally.agree != tally.total or tally.total == 0:
         raise typer.Exit(1)
 
 

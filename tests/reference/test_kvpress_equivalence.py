@@ -31,7 +31,7 @@ from kvroute.presses import SCORERS, SELECTIONS, build_press
 from kvroute.presses.check import KVPRESS_FAILED, compare_prompt
 from kvroute.presses.scorers import KvpressScorer
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
-from kvroute.presses.scorers.local_weights import LocalWeightsScorer
+from kvroute.presses.scorers.local_weights import with_random_weights
 from tests.masked_reference import masked_reference_logits
 
 pytestmark = pytest.mark.reference
@@ -114,21 +114,13 @@ def _model(arch, big=False):
 
 
 def _with_weights(lm, spec):
-    """``spec`` with its weights folder, when its scorer reads learned weights (qfilter, kvzap, ...) and the
-    spec names none: random weights for ``lm``, saved once per (model, scorer) by kvpress's own class."""
-    name = spec.split("+")[0].split("[")[0]
-    cls = SCORERS.get(name)
-    if not issubclass(cls, LocalWeightsScorer) or f"{cls.weights_param}=" in spec:
-        return spec
-    if (id(lm), name) not in _WEIGHTS:
-        _WEIGHTS[id(lm), name] = cls.save_random(lm.model, Path(tempfile.mkdtemp(prefix=f"kvroute-{name}-")))
-    folder = _WEIGHTS[id(lm), name]
-    head, sep, rest = spec.partition("+")
-    head = f"{head[:-1]},{cls.weights_param}={folder}]" if head.endswith("]") else f"{head}[{cls.weights_param}={folder}]"
-    return head + sep + rest
+    """``spec`` with random weights for ``lm`` when its scorer reads learned weights (qfilter, kvzap, ...)."""
+    if id(lm) not in _WEIGHTS:
+        _WEIGHTS[id(lm)] = Path(tempfile.mkdtemp(prefix="kvroute-weights-"))
+    return with_random_weights(spec, lm.model, _WEIGHTS[id(lm)])
 
 
-_WEIGHTS: dict = {}  # (id of a cached tiny model, scorer) -> its random weights' folder
+_WEIGHTS: dict = {}  # id of a cached tiny model -> the folder of its random weights
 
 
 def _prompt(lm, spec):

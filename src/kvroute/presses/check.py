@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -101,6 +101,49 @@ class PromptComparison:
     cells: list[CellComparison]
     seconds_kvroute: float  # one prefill, every cell batched
     seconds_kvpress: float  # one pipeline call per cell
+
+
+@dataclass
+class Agreement:
+    """Comparisons tallied over prompts: agreement overall and per press, mask checks, cells kvpress could not run.
+
+    ``label`` maps the spec a cell ran under to the one shown (e.g. without a temporary weights folder)."""
+
+    label: dict[str, str] = field(default_factory=dict)
+    agree: int = 0
+    total: int = 0
+    per_press: dict[str, list[int]] = field(default_factory=dict)  # shown spec -> [agree, compared, masks eq, masked]
+    not_compared: dict[str, int] = field(default_factory=dict)  # "press@ratio: why" -> cells
+    mismatches: list[str] = field(default_factory=list)
+
+    def name(self, spec: str) -> str:
+        return self.label.get(spec, spec)
+
+    def add(self, res: PromptComparison) -> list[CellComparison]:
+        """Tally ``res``; return its cells that disagree."""
+        bad = []
+        for c in res.cells:
+            name = self.name(c.cell.press)
+            row = self.per_press.setdefault(name, [0, 0, 0, 0])
+            if c.masks_equal is not None:
+                row[2] += c.masks_equal
+                row[3] += 1
+            if not c.comparable:
+                why = f"{name}@{c.cell.ratio:g}: {c.no_reference}"
+                self.not_compared[why] = self.not_compared.get(why, 0) + 1
+                continue
+            self.agree += c.agrees
+            self.total += 1
+            row[0] += c.agrees
+            row[1] += 1
+            if not c.agrees:
+                bad.append(c)
+                self.mismatches.append(c.describe().replace(c.cell.press, name))
+        return bad
+
+    @property
+    def line(self) -> str:
+        return f"agreement: {self.agree}/{self.total}"
 
 
 def no_kvpress_counterpart(spec: str) -> str | None:

@@ -151,6 +151,25 @@ class LocalWeightsScorer(KvpressScorer):
         return {k: v for k, v in params.items() if k in fields}
 
 
+def with_random_weights(spec: str, model: nn.Module, folder: Path) -> str:
+    """``spec`` with a weights folder of random weights for ``model`` (written under ``folder``) when its
+    scorer reads learned weights and the spec names none; otherwise ``spec`` unchanged.
+
+    For checks against kvpress where no real checkpoint can be had (the reference tests,
+    ``benchmarks/equivalence.py``): both sides then score with the same weights."""
+    from kvroute.presses.scorers.base import SCORERS
+
+    name = spec.split("+")[0].split("[")[0]
+    cls = SCORERS.get(name) if name in SCORERS.names() else None
+    if cls is None or not issubclass(cls, LocalWeightsScorer) or f"{cls.weights_param}=" in spec:
+        return spec
+    path = cls.save_random(model, folder / name)
+    head, sep, rest = spec.partition("+")
+    given = f"{cls.weights_param}={path}"
+    head = f"{head[:-1]},{given}]" if head.endswith("]") else f"{head}[{given}]"
+    return head + sep + rest
+
+
 @contextlib.contextmanager
 def _quiet_loading() -> Iterator[None]:
     """No output from the loaders: huggingface_hub prints "Loading weights from local directory", transformers
