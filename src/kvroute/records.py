@@ -31,6 +31,7 @@ TASK_FIELDS: dict[str, str] = {
     "evidence": "'located' or 'none' (no answer occurrence found in the context: GER undefined, counted apart)",
     "depth": "needle / fact depth in [0, 1] when the generator records one (niah, long_context), else null",
     "target_length": "the generator's requested context length in tokens, when it records one, else null",
+    "gold": "the gold answers (a list of strings; 'I don't know' on an unanswerable item)",
 }
 
 # Press bookkeeping ----------------------------------------------------------------------------------
@@ -47,6 +48,12 @@ PRESS_FIELDS: dict[str, str] = {
 STATUS_FIELDS: dict[str, str] = {
     "status": "'ok' (the metrics below were computed) or 'error' (they were not; see error)",
     "error": "why an errored cell failed, one line: 'ExceptionType: message' (absent when status is 'ok')",
+}
+
+# Timings of the instance the cell was computed with (every cell of an instance shares them) ------------
+TIMING_FIELDS: dict[str, str] = {
+    "seconds_prefill": "seconds of the instance's one prefill (scorers captured), shared by its cells",
+    "seconds_decode": "seconds of the instance's batched decode of all its cells, shared by its cells",
 }
 
 # Scalar metrics ------------------------------------------------------------------------------------
@@ -67,6 +74,11 @@ METRIC_FIELDS: dict[str, str] = {
     "answer_heads": "number of (layer, KV head) pairs keeping at least one answer token",
     "evidence_attention_mass": "attention mass from the last prompt token onto T_ev, mean over layers and query heads",
     "evidence_attention_mass_full": "the same with the full (uncompressed) cache",
+    "answer_attention_mass": "attention mass from the last prompt token onto the answer tokens T_ans, mean over layers "
+                             "and query heads (null when the answer is not in the context)",
+    "answer_attention_mass_full": "the same with the full (uncompressed) cache",
+    "generated_evidence_mass": "attention mass onto T_ev from the generated answer tokens, mean over tokens, layers "
+                               "and query heads (null without a generated token)",
     "reachable": "bool: direct reachability (some layer/head keeps an evidence token with attention > ε)",
     "routed_reachable": "bool (calibrated, layer-max): per layer, the direct attention mass of the last prompt token "
                         "onto the evidence and its routed read through the surviving entries (rollout over the prefill), "
@@ -92,7 +104,10 @@ METRIC_FIELDS: dict[str, str] = {
     "routed_reachable_uncalibrated": "bool: former rule — some head attends above ε a kept token whose rollout share "
                                      "is ≥ τ · the best evidence token's; true almost everywhere (rollout diffuses)",
     "gold_logprob": "teacher-forced log-probability of the gold answer",
+    "gold_logprob_full": "gold_logprob with the full (uncompressed) cache",
     "gold_logprob_delta": "gold_logprob compressed minus full",
+    "answer_tokens": "number of generated answer tokens",
+    "hidden_cosine_last": "hidden_cosine at the last layer",
     "probe_features": "CONTROL (reads the question): last-prompt-token hidden state at probe_layer, the answer-type "
                       "probe's input; the type follows from the never-compressed question, so it cannot see evidence loss",
     "probe_layer": "layer (1 … L) whose hidden state is probe_features",
@@ -132,6 +147,8 @@ LAYER_FIELDS: dict[str, str] = {
     "consensus_withsink": "Consensus(ℓ) with argmax over every key, attention sinks included (reference only)",
     "rho_withsink": "ρ_ℓ with argmax over every key, attention sinks included (reference only)",
     "evidence_mass_layer": "attention mass onto T_ev from the last prompt token per layer (mean over heads)",
+    "evidence_mass_layer_full": "evidence_mass_layer with the full (uncompressed) cache",
+    "ger_layer": "GER per layer: share of answer tokens evicted from every KV head of that layer",
     "hidden_cosine": "cosine of compressed vs full last-prompt-token hidden state per layer",
     "lens_gold_logprob": "logit lens per layer ℓ = 1 … L at the last prompt token: log-softmax of unembed(final_norm(h_ℓ)) "
                          "at the gold answer's first in-context token (last layer: the model's logits)",
@@ -147,5 +164,5 @@ RENAMED_FIELDS: dict[str, str] = {
     "rho_mean": "rho_nosink_mean",
 }
 
-ALL_FIELDS: dict[str, str] = {**KEY_FIELDS, **TASK_FIELDS, **PRESS_FIELDS, **STATUS_FIELDS, **METRIC_FIELDS,
-                               **LAYER_FIELDS}
+ALL_FIELDS: dict[str, str] = {**KEY_FIELDS, **TASK_FIELDS, **PRESS_FIELDS, **STATUS_FIELDS, **TIMING_FIELDS,
+                               **METRIC_FIELDS, **LAYER_FIELDS}

@@ -223,3 +223,25 @@ def test_rollout_on_a_hand_built_attention_layer():
     expected = 0.5 * torch.tensor([1.0, 0, 0, 0]) + 0.5 * torch.tensor([1.0, 1 / 2, 1 / 3, 1 / 4])
     torch.testing.assert_close(roll.r[:, 0], expected)  # r: [T, 1 + n_null], column 0 the evidence
     assert roll.shares().shape == (1, T)
+
+
+def test_every_metric_field_is_declared_in_the_record_schema():
+    """A metric's fields are record fields: each is described in kvroute.records (a new field without its
+    description fails here), and none is declared twice across the schema's groups."""
+    from kvroute.metrics.base import METRICS
+    from kvroute.records import (
+        ALL_FIELDS,
+        KEY_FIELDS,
+        LAYER_FIELDS,
+        METRIC_FIELDS,
+        PRESS_FIELDS,
+        STATUS_FIELDS,
+        TASK_FIELDS,
+        TIMING_FIELDS,
+    )
+
+    groups = [KEY_FIELDS, TASK_FIELDS, PRESS_FIELDS, STATUS_FIELDS, TIMING_FIELDS, METRIC_FIELDS, LAYER_FIELDS]
+    assert sum(map(len, groups)) == len(ALL_FIELDS)
+    for name, cls in METRICS.items():
+        missing = [f for f in cls.fields if f not in ALL_FIELDS]
+        assert not missing, f"metric {name} fills fields kvroute.records does not describe: {missing}"
