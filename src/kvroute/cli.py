@@ -370,13 +370,10 @@ class _SweepProgress(RichProgress):
                 _RateColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
 
 
-def _csv(value: str | None, cast: type = str) -> list | None:
-    if value is None:
-        return None
-    try:
-        return [cast(v.strip()) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise KvrouteError(f"cannot read {value!r} as a comma-separated list of {cast.__name__} values") from None
+def _csv(value: str | None, cast: type = str, option: str = "") -> list | None:
+    from kvroute.cli_import import parse_list
+
+    return parse_list(value, cast, option)
 
 
 @app.command()
@@ -405,8 +402,8 @@ def sweep(
     from kvroute.sweep import load_sweep_config, plan_sweep, run_sweep
 
     overrides = list(set_ or [])
-    for key, values in (("models", _csv(models)), ("presses", press), ("ratios", _csv(ratios, float)),
-                        ("regimes", _csv(regimes)), ("seeds", _csv(seeds, int))):
+    for key, values in (("models", _csv(models)), ("presses", press), ("ratios", _csv(ratios, float, "--ratios")),
+                        ("regimes", _csv(regimes)), ("seeds", _csv(seeds, int, "--seeds"))):
         if values:
             overrides.append(f"{key}={json.dumps(values)}")
     if max_new_tokens is not None:
@@ -586,7 +583,7 @@ def presses_check(
     from kvroute.presses.check import Agreement, compare_prompt, no_kvpress_counterpart
     from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
 
-    rs = [check_ratio(r) for r in _csv(ratios, float) or []]
+    rs = [check_ratio(r) for r in _csv(ratios, float, "--ratios") or []]
     if not rs or any(r == 0 for r in rs):
         raise KvrouteError(f"--ratios {ratios!r}: give compression ratios in (0, 1), e.g. 0.25,0.5,0.75,0.9")
     if n < 1:

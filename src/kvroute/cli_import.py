@@ -13,12 +13,26 @@ import typer
 from rich.table import Table
 
 
-def _floats(values: list[str] | None) -> list[float]:
-    return [float(x) for v in values or [] for x in v.split(",") if x.strip()]
+def parse_list(values: str | list[str] | None, cast: type = str, option: str = "") -> list | None:
+    """The CLI's one list parser: comma-separated (and, for a repeatable option, repeated) values cast to ``cast``.
 
+    None when nothing was given; a value that does not cast raises KvrouteError naming the option and the value.
+    """
+    from kvroute.errors import KvrouteError
 
-def _ints(values: list[str] | None) -> list[int]:
-    return [int(x) for v in values or [] for x in v.split(",") if x.strip()]
+    if values is None:
+        return None
+    items = [x.strip() for v in ([values] if isinstance(values, str) else values) for x in v.split(",") if x.strip()]
+    out = []
+    for x in items:
+        try:
+            out.append(cast(x))
+        except ValueError:
+            kind = {int: "an integer", float: "a number"}.get(cast, cast.__name__)
+            where = f"{option} " if option else ""
+            raise KvrouteError(f"{where}{x!r} is not {kind}; give comma-separated values, e.g. "
+                               f"{'0,0.5,1' if cast is float else '1,2,3'}") from None
+    return out
 
 
 def _model_window(source: str) -> int | None:
@@ -113,7 +127,8 @@ def register(tasks_app: typer.Typer) -> None:
         if layout not in EXPORT_LAYOUTS:
             raise ConfigError(f"--layout {layout!r}: use one of {', '.join(EXPORT_LAYOUTS)}")
         templates = {k: v for k, v in (("needle", needle), ("question", question)) if v is not None}
-        spec = NiahSpec(lengths=tuple(_ints(length)), depths=tuple(_floats(depth)), n=n, seed=seed,
+        lengths, depths = parse_list(length, int, "--length") or [], parse_list(depth, float, "--depth") or []
+        spec = NiahSpec(lengths=tuple(lengths), depths=tuple(depths), n=n, seed=seed,
                         haystack=haystack, **templates)
         tok = None
         if tokenizer is not None:

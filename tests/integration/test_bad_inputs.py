@@ -920,3 +920,14 @@ def test_kvzip_on_a_context_its_replay_does_not_fit_fails_its_cells_in_one_line(
     for r in recs[1:]:
         assert "\n" not in r["error"] and "exceed the model's context window" in r["error"], r["error"]
         assert "kvzip[chunk_size=" in r["error"] or "shorter context" in r["error"]
+
+
+# numbers and lists on the command line: one parser, one line naming the option ------------------------
+@pytest.mark.parametrize(("argv", "match"), [
+    (["tasks", "niah", "--depth", "abc"], ("--depth", "'abc'", "not a number")),
+    (["tasks", "niah", "--length", "1000,1x"], ("--length", "'1x'", "not an integer")),
+    (["presses", "check", "knorm", "--ratios", "0.5,half"], ("--ratios", "'half'", "not a number")),
+])
+def test_a_bad_number_in_a_list_option_is_one_line(argv, match, tmp_path, capsys):
+    assert_fails_cleanly([*argv, *(["--out", tmp_path / "t.jsonl"] if argv[1] == "niah" else [])], capsys, tmp_path,
+                         match)
