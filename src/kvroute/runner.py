@@ -88,6 +88,7 @@ def run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regime
     """
     if regime not in REGIMES:
         raise ConfigError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+    check_engine(engine, settings)
     name = model_name or engine.lm.name
     try:
         return _run_instance(engine, instance, cells, regime=regime, seed=seed, settings=settings, model_name=name)
@@ -96,6 +97,21 @@ def run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regime
         log.warning("instance %s: every cell failed: %s", instance.id, reason)
         base = task_fields(instance, None)
         return [error_record(cell, reason, model_name=name, regime=regime, seed=seed, base=base) for cell in cells]
+
+
+def check_engine(engine: Engine, settings: RunSettings) -> None:
+    """Refuse an engine built for other run settings (ConfigError): its decode would not give these metrics what
+    they read (captured attention or hidden states), or would give answers of another length."""
+    need, have = settings.decode_settings(), engine.settings
+    wrong = []
+    if need.capture and not have.capture:
+        wrong.append(f"the metrics {', '.join(settings.metrics)} read captured attention or hidden states, which this "
+                     "engine does not capture")
+    if need.max_new_tokens != have.max_new_tokens:
+        wrong.append(f"the run decodes {need.max_new_tokens} new tokens, the engine {have.max_new_tokens}")
+    if wrong:
+        raise ConfigError(f"this engine was built for other run settings: {'; '.join(wrong)}; build it from the run's "
+                          "settings: Engine(lm, settings.decode_settings())")
 
 
 def press_fields(press: str) -> dict[str, Any]:

@@ -127,8 +127,9 @@ def test_unexpected_errors_are_not_swallowed(lm, monkeypatch, exc):
 
     monkeypatch.setattr(Press, "keep_mask", boom)
     inst = generate_tasks(TaskSpec("base", n=1, seed=0))[0]
+    settings = RunSettings(max_new_tokens=2)
     with pytest.raises(type(exc)):
-        run_instance(Engine(lm), inst, [Cell("knorm", 0.5)], settings=RunSettings(max_new_tokens=2))
+        run_instance(Engine(lm, settings.decode_settings()), inst, [Cell("knorm", 0.5)], settings=settings)
 
 
 # -- the CLI and the sweep ------------------------------------------------------------------------------
@@ -212,3 +213,20 @@ def test_a_resumed_sweep_does_not_recompute_errored_cells(sweep_run):
     retry = run_sweep(cfg, run_dir, resume=True, retry_errors=True)
     assert retry.computed == res.errored and retry.errored == res.errored
     assert len(read_records(run_dir)) == res.total_cells
+
+
+def test_an_engine_built_for_other_settings_is_refused_before_any_cell(lm):
+    """Not a per-cell error and not a bare TypeError deep in a metric: the mismatch itself, in one line."""
+    from kvroute.errors import ConfigError
+
+    inst = generate_tasks(TaskSpec("base", n=1, seed=0))[0]
+    bare = Engine(lm, RunSettings(max_new_tokens=2, metrics=("utilization",)).decode_settings())
+    with pytest.raises(ConfigError, match="capture") as err:
+        run_instance(bare, inst, [Cell("knorm", 0.5)], settings=RunSettings(max_new_tokens=2))
+    assert "\n" not in str(err.value)
+    settings = RunSettings(max_new_tokens=2)
+    with pytest.raises(ConfigError, match="decodes 2 new tokens, the engine 5"):
+        run_instance(Engine(lm, RunSettings(max_new_tokens=5).decode_settings()), inst, [Cell("knorm", 0.5)],
+                     settings=settings)
+    assert run_instance(Engine(lm, settings.decode_settings()), inst, [Cell("knorm", 0.5)],
+                        settings=settings)[0]["status"] == "ok"
