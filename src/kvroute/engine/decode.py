@@ -59,8 +59,9 @@ class CellOutput:
     lens_seq_logprob: torch.Tensor | None = None  # [L, n_seqs] float32
 
 
-def _stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:
-    """Stop tokens as kvpress's pipeline uses them: the generation config's EOS (else the tokenizer's)."""
+def stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:
+    """The tokens that end an answer, everywhere kvroute decodes (as kvpress's pipeline uses them): the
+    generation config's EOS, else the tokenizer's."""
     generation_config: Any = model.generation_config
     eos = generation_config.eos_token_id
     if eos is None and tokenizer is not None:
@@ -234,7 +235,7 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
     keep = torch.stack([m.mask.to(device) for m in masks])  # [B, L, Hkv, T]
     cache = SuffixCache(L, B, Hkv, D, Q + max(G, settings.max_new_tokens) + 1, T, pre.keys[0].dtype, device)
     lens_seqs = lens_seqs or []
-    stop = _stop_ids(model, tokenizer)
+    stop = stop_ids(model, tokenizer)
     track_idx = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in track.items()}
 
     results = [CellOutput(tokens=[], text="") for _ in range(B)]

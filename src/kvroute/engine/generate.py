@@ -7,23 +7,14 @@ from typing import Any
 
 import torch
 
-
-def eos_ids(lm: Any) -> set[int]:
-    """The token ids that end an answer (generation config's EOS, plus the tokenizer's)."""
-    ids: set[int] = set()
-    eos = lm.model.generation_config.eos_token_id
-    if eos is not None:
-        ids.update(eos if isinstance(eos, list) else [eos])
-    if getattr(lm.tokenizer, "eos_token_id", None) is not None:
-        ids.add(lm.tokenizer.eos_token_id)
-    return ids
+from kvroute.engine.decode import stop_ids
 
 
 @torch.inference_mode()
 def greedy_generate(lm: Any, input_ids: Sequence[int], *, max_new_tokens: int = 32) -> list[int]:
     """Greedy continuation of ``input_ids`` (full cache), stopping after an EOS token (included)."""
     ids = torch.tensor([list(input_ids)], device=lm.device)
-    stop = eos_ids(lm)
+    stop = stop_ids(lm.model, lm.tokenizer)
     out = lm.model(input_ids=ids, use_cache=True)
     cache = out.past_key_values
     generated: list[int] = []

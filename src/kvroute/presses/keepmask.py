@@ -47,10 +47,6 @@ class KeepMask:
         """Realised share of context entries kept over all (layer, KV head)."""
         return float(self.mask.float().mean())
 
-    def evicted_everywhere(self) -> torch.Tensor:
-        """``[L, T]`` bool: token t is evicted from every KV head of layer ℓ."""
-        return ~self.mask.any(dim=1)
-
     def for_query_heads(self, group_size: int) -> torch.Tensor:
         """``[L, H, T]``: each KV head's row repeated for the ``group_size`` query heads of its group."""
         # [L, Hkv, T] -> [L, Hkv * G, T]; query head h uses KV head h // G (transformers' repeat_kv order)

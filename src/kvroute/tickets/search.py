@@ -28,7 +28,6 @@ ticket answers a different prompt than the cells it is compared with.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,5 +249,3 @@ def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: T
                   question_tokens=len(prompt.question_ids), regime=regime, answer_prefix=prompt.answer_prefix,
                   system_prompt=system_prompt)
 
-
-Checker = Callable[[CellOutput], bool]
