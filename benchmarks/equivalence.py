@@ -17,7 +17,7 @@ contexts, and for every selection strategy with a kvpress counterpart the presse
 ``SELECTION_CASES`` (the script refuses to run if a registered selection has neither cases nor is
 kvroute's own). Random scorers are seeded per (seed, layer) on both sides.
 
-    python benchmarks/equivalence.py [--model smollm2-135m] [--n 12] [--max-new-tokens 24] [--tokens 220]
+    python benchmarks/equivalence.py [--model smollm2-135m] [--n 10] [--max-new-tokens 8] [--tokens 220]
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def instances(tokenizer, n: int, tokens: int) -> list:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--n", type=int, default=12)
-    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=220, help="target context length of the generated instances")
     ap.add_argument("--out", default=None, help="default: results/equivalence[_MODEL].md")
     args = ap.parse_args()

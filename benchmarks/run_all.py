@@ -3,6 +3,9 @@
     python benchmarks/run_all.py                 # all of them
     python benchmarks/run_all.py grid_speed      # only these (RESULTS.md still collects every result)
     python benchmarks/run_all.py --collect       # run nothing, only rewrite RESULTS.md from results/
+
+RESULTS.md collects each benchmark's results/NAME.md, then its runs on other models (results/NAME_MODEL.md,
+written by `python benchmarks/NAME.py --model MODEL`, which `make bench` does not run).
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ def main() -> int:
              "Rewritten by `make bench` (each section also by its own script). Times are medians of repeated, "
              "side-by-side runs on a shared 2-core machine: compare ratios, not absolute seconds.", ""]
     for name in ORDER:
-        f = HERE / "results" / f"{name}.md"
-        if f.exists():
-            parts += ["#" + f.read_text().strip(), ""]
+        for f in [HERE / "results" / f"{name}.md", *sorted((HERE / "results").glob(f"{name}_*.md"))]:
+            if f.exists():
+                parts += ["#" + f.read_text().strip(), ""]
     (HERE / "RESULTS.md").write_text("\n".join(parts))
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
