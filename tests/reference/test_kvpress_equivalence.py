@@ -75,7 +75,7 @@ SELECTION_CASES = {
                        "snapkv[window_size=16]+critical_adakv[first_stage_ratio=0.3]"),
     "global": ("kvzip", "kvzip+global[per_layer=true]", "kvzip[n_sink=8,chunk_size=50]+global"),
 }
-MASKED_BY_KVPRESS = {"adakv", "critical_adakv", "global"}  # kvpress applies them with fake keys
+MASKED_BY_KVPRESS = {"adakv", "critical_adakv", "global"}  # kvpress applies them with fake keys (kvpress_fake_keys)
 OWN_SELECTIONS = {"routes", "shared"}  # kvroute's own: no kvpress press selects this way (tests/unit checks them)
 # kvroute's own scorers: no kvpress reference (checked by their own control tests, tests/integration).
 OWN_SCORERS = {"random", "oracle", "anti_oracle"}
@@ -142,7 +142,7 @@ def _run(lm, presses, ratios=RATIOS):
 
 
 def _masked_by_kvpress(spec):
-    return build_press(_with_weights(_model("llama"), spec)).selection.name in MASKED_BY_KVPRESS
+    return build_press(_with_weights(_model("llama"), spec)).selection.kvpress_fake_keys
 
 
 def _assert_matches_kvpress(arch, press):
@@ -230,6 +230,9 @@ def registry_gaps() -> list[str]:
     if unchecked := selections - set(SELECTION_CASES) - OWN_SELECTIONS:
         gaps.append(f"selections {sorted(unchecked)} have no kvpress cases: add them to SELECTION_CASES, or declare "
                     "them kvroute's own (OWN_SELECTIONS, with their own tests)")
+    if (fake := {n for n, cls in SELECTIONS.items() if cls.kvpress_fake_keys}) != MASKED_BY_KVPRESS:
+        gaps.append(f"selections marked kvpress_fake_keys {sorted(fake)} are not kvpress's fake-key presses "
+                    f"{sorted(MASKED_BY_KVPRESS)}")
     if stale := (set(SELECTION_CASES) | OWN_SELECTIONS) - selections:
         gaps.append(f"SELECTION_CASES / OWN_SELECTIONS name unregistered selections: {sorted(stale)}")
     return gaps

@@ -42,6 +42,7 @@ class AdaKV(Selection):
     """
 
     name: ClassVar[str] = "adakv"
+    kvpress_fake_keys: ClassVar[bool] = True
     description: ClassVar[str] = "Top-k across the KV heads of a layer, per-head safeguard (kvpress AdaKVPress)."
     alpha_safeguard: float = 0.20
     schema: ClassVar[dict[str, Param]] = {"alpha_safeguard": Param(lo=0, hi=1, why="a share of each head's budget")}

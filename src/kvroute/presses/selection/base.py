@@ -63,6 +63,9 @@ class Selection(ABC):
     schema: ClassVar[dict[str, Param]] = {}  # allowed range of each numeric parameter (checked at build time)
     # score_layer depends on the ratio (e.g. block's iterative pruning): the prefill scores once per ratio
     scores_per_ratio: ClassVar[bool] = False
+    # kvpress applies this selection with "fake keys" (evicted keys overwritten, the cache kept whole) rather
+    # than by pruning: checks against kvpress then compare the keep masks kvpress decides
+    kvpress_fake_keys: ClassVar[bool] = False
 
     def score_variant(self) -> Hashable:
         """What identifies this selection's way of scoring (:meth:`score_layer`): equal variants share scores.

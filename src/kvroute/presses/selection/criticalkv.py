@@ -168,6 +168,7 @@ class CriticalAdaKV(Selection):
     """AdaKV's cross-head budgets with CriticalKV's two stages inside each head (kvpress CriticalAdaKVPress)."""
 
     name: ClassVar[str] = "critical_adakv"
+    kvpress_fake_keys: ClassVar[bool] = True
     description: ClassVar[str] = ("AdaKV budgets across KV heads (with safeguard), CriticalKV's two stages inside each "
                                   "head (kvpress CriticalAdaKVPress).")
     alpha_safeguard: float = 0.20

@@ -31,6 +31,7 @@ class Global(Selection):
     """
 
     name: ClassVar[str] = "global"
+    kvpress_fake_keys: ClassVar[bool] = True
     description: ClassVar[str] = ("Evict the lowest entries across all layers and heads (kvpress KVzipPress); "
                                   "per_layer=true: across the heads of each layer.")
     per_layer: bool = False
