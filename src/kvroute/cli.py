@@ -625,6 +625,8 @@ def presses_check(
         for why, count in tally.not_compared.items():
             console.print(f"not compared ({count} cells): {escape(why)}", highlight=False, soft_wrap=True)
         console.print(tally.line, highlight=False)
+        if tally.fake_key_only:
+            console.print(tally.exact_line, highlight=False)
     if tally.agree != tally.total or tally.total == 0:
         raise typer.Exit(1)
 

@@ -36,6 +36,11 @@ from kvroute.sweep.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from kvroute.sweep.store import STORE_NAME, Store
 
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
+#: the same CLI with every store write followed by a pause: a tiny-model unit takes ~50 ms, so without it a
+#: signal sent once some units are stored can land after the last one on a fast (or a busy) machine
+SLOW_KVROUTE = [sys.executable, "-c", "import time; from kvroute.sweep.store import Store; w = Store.write; "
+                "Store.write = lambda self, r: (w(self, r), time.sleep(0.5))[0]; "
+                "from kvroute.cli import main; main()"]
 _VOLATILE = ("-wal", "-shm", ".lock")
 
 CONFIG = """
@@ -261,11 +266,11 @@ def test_sweep_killed_at_a_random_point_resumes_to_the_uninterrupted_records(see
 
 # SIGINT during a sweep; a kill -9'd session shown as interrupted -----------------------------------------
 def test_sigint_during_a_sweep_says_how_to_resume(eight_units, tmp_path):
-    """SIGINT once the first unit is stored: seven units (~0.35 s on a tiny model) are still to come, so the
-    signal lands mid-sweep however fast the machine (with 3 units, a fast machine finished before it)."""
+    """SIGINT once the first unit is stored. Every store write is followed by a 0.5 s pause (SLOW_KVROUTE), so
+    seven units (≥ 3.5 s) are still to come: the signal lands mid-sweep however fast or busy the machine."""
     config, finished = eight_units
     run = tmp_path / "run"
-    proc = subprocess.Popen([*KVROUTE, "sweep", str(config), "--out", str(run)], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*SLOW_KVROUTE, "sweep", str(config), "--out", str(run)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

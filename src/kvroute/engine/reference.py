@@ -107,9 +107,79 @@ def _aligned_mask(inner: Any) -> Any:
             else:
                 attention_mask = torch.zeros(allowed.shape, dtype=attention_mask.dtype, device=query.device)
                 attention_mask = attention_mask.masked_fill(~allowed, torch.finfo(attention_mask.dtype).min)
-        return inner(module, query, key, value, attention_mask, *args, **kwargs)
+        probe = _PROBE[0]
+        masked = getattr(module, "masked_key_indices", None)
+        if probe is None or masked is None or q == k:
+            return inner(module, query, key, value, attention_mask, *args, **kwargs)
+        allowed = _allowed(attention_mask, query, k)
+        out = inner(module, query, key, value, _additive(allowed & _kept(masked, query, key), query.dtype) if probe.exact
+                    else attention_mask, *args, **kwargs)
+        # kvpress's wrapper (inside ``inner``) wrote its fake keys into ``key`` at the masked entries
+        groups = query.shape[1] // key.shape[1]
+        scores = query.float() @ key.float().repeat_interleave(groups, 1).transpose(-1, -2) * module.scaling
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        leak = weights.masked_fill(_kept(masked, query, key), 0).sum(-1)  # [B, H, q]: mass on masked entries
+        worst = float(leak.max())
+        probe.forwards += 1
+        if worst > probe.leak or probe.layer is None:
+            probe.leak, probe.layer = worst, getattr(module, "layer_idx", None)
+        return out
 
     return forward
+
+
+class FakeKeyProbe:
+    """Watches kvpress's fake-key decode (AdaKV-style presses) inside the reference wrapper.
+
+    kvpress does not drop a masked entry: it overwrites its key with a fake key chosen so that every
+    current query's dot product with it is negative, scaled by ``1e5 / ||Y||²``, assuming that such a
+    logit's weight underflows to zero. Softmax compares logits with each other, not with zero: a
+    query whose real logits are all lower still puts its weight on the fake keys. ``leak`` is the largest attention weight
+    any query of any decode forward put on masked entries (the question's forward included), in
+    ``layer`` (Qwen2.5-0.5B's first layer has queries that put all of it there). ``exact=True`` also masks those entries
+    exactly (−inf), which is what physically dropping them does and what kvroute's masked decode does.
+    """
+
+    def __init__(self, exact: bool = False) -> None:
+        self.exact = exact
+        self.leak = 0.0
+        self.layer: int | None = None  # where ``leak`` was seen
+        self.forwards = 0  # attention calls watched (0: the press's decode never reached the reference wrapper)
+
+    def __enter__(self) -> FakeKeyProbe:
+        if _PROBE[0] is not None:
+            raise RuntimeError("a fake-key probe is already active")
+        _PROBE[0] = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _PROBE[0] = None
+
+
+_PROBE: list[FakeKeyProbe | None] = [None]
+
+
+def _allowed(attention_mask: torch.Tensor | None, query: torch.Tensor, k: int) -> torch.Tensor:
+    """Where each query may attend ``[B or 1, 1 or H, q, k]`` (bool) from the mask passed on, or causal when None."""
+    q = query.shape[2]
+    if attention_mask is None:
+        return torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)[None, None]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask[..., -q:, -k:]
+    return attention_mask[..., -q:, -k:] > torch.finfo(attention_mask.dtype).min / 2
+
+
+def _kept(masked: Any, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``[B, H, 1, k]`` False at kvpress's ``masked_key_indices`` (KV heads expanded to their query heads)."""
+    b, hkv, k = key.shape[:3]
+    batch, head, pos = masked
+    keep = torch.ones(b, hkv, k, dtype=torch.bool, device=query.device)
+    keep[batch, head, pos] = False
+    return keep.repeat_interleave(query.shape[1] // hkv, 1)[:, :, None, :]
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
 
 
 @torch.inference_mode()

@@ -12,7 +12,12 @@ Presses kvpress applies with "fake keys" (AdaKV, CriticalAdaKV, KVzip: evicted k
 that their logits fall below zero) leave their decisions on the attention modules; for those the
 comparison also reads kvpress's keep masks (:func:`kvpress_keep_masks`) and holds kvroute's against
 them. Where kvpress's pipeline cannot decode such a cell (its fake-key search fails, as on random tiny
-models with more queries than head dimensions) the masks are the comparison.
+models with more queries than head dimensions) the masks are the comparison. kvpress's fake keys
+are not exact: their logits are very negative, but a query whose real logits are lower still (seen
+in Qwen2.5-0.5B's first layer) puts its attention on them. A fake-key cell with equal masks and
+another answer is therefore rerun on kvpress's side with those entries masked exactly
+(:class:`~kvroute.engine.reference.FakeKeyProbe`); the comparison reports the leaked weight and
+whether kvpress's answer then equals kvroute's.
 
 One kvpress quirk is read past: its generation loop tests for EOS from the second token on, so an
 answer whose first token is EOS goes on past its end there. kvpress's answer is then that one EOS
@@ -24,14 +29,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 
 from kvroute.engine import Cell, Engine
 from kvroute.engine.decode import CellOutput
-from kvroute.engine.reference import kvpress_answer, kvpress_pipeline, kvpress_press
+from kvroute.engine.reference import FakeKeyProbe, kvpress_answer, kvpress_pipeline, kvpress_press
 from kvroute.errors import EngineError, error_reason
 from kvroute.presses.press import build_press
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
@@ -73,6 +78,10 @@ class CellComparison:
     kvpress_ids: list[int]
     no_reference: str | None = None  # why kvpress's pipeline did not answer this cell, else None
     masks_equal: bool | None = None  # fake-key presses: kvroute's keep mask == kvpress's; None: kvpress prunes
+    # fake-key cells that disagree with equal masks: kvpress rerun with its masked entries masked exactly
+    exact_ids: list[int] | None = None
+    fake_key_leak: float | None = None  # the largest attention weight a query put on kvpress's fake keys
+    leak_layer: int | None = None
 
     @property
     def answered(self) -> bool:
@@ -88,13 +97,23 @@ class CellComparison:
         tokens = not self.answered or (self.ours.tokens == self.kvpress_ids and self.ours.text == self.kvpress_text)
         return self.comparable and self.masks_equal is not False and tokens
 
+    @property
+    def agrees_exactly_masked(self) -> bool:
+        """Disagrees, but only because kvpress's fake keys took attention: masked exactly, kvpress answers as kvroute."""
+        return not self.agrees and self.masks_equal is True and self.exact_ids == self.ours.tokens
+
     def describe(self) -> str:
         where = f"{self.prompt_id} {self.cell.press}@{self.cell.ratio:g}"
         masks = "" if self.masks_equal is None else f" (keep masks {'equal' if self.masks_equal else 'DIFFER'})"
         if not self.answered:
             return f"{where}: no kvpress answer: {self.no_reference}{masks}"
-        return (f"{where}: kvpress {self.kvpress_text!r} {self.kvpress_ids} vs kvroute {self.ours.text!r} "
+        line = (f"{where}: kvpress {self.kvpress_text!r} {self.kvpress_ids} vs kvroute {self.ours.text!r} "
                 f"{self.ours.tokens}{masks}")
+        if self.exact_ids is not None:
+            same = "kvroute's answer" if self.exact_ids == self.ours.tokens else "still not kvroute's"
+            line += (f"; kvpress's fake keys took up to {self.fake_key_leak:.0%} of a query's attention (layer "
+                     f"{self.leak_layer}); with those entries masked exactly, kvpress answers {self.exact_ids}: {same}")
+        return line
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,7 @@ class Agreement:
     per_press: dict[str, list[int]] = field(default_factory=dict)  # shown spec -> [agree, compared, masks eq, masked]
     not_compared: dict[str, int] = field(default_factory=dict)  # "press@ratio: why" -> cells
     mismatches: list[str] = field(default_factory=list)
+    fake_key_only: int = 0  # disagreements that vanish when kvpress's fake keys are masked exactly
 
     def name(self, spec: str) -> str:
         return self.label.get(spec, spec)
@@ -139,12 +159,19 @@ class Agreement:
             row[1] += 1
             if not c.agrees:
                 bad.append(c)
+                self.fake_key_only += c.agrees_exactly_masked
                 self.mismatches.append(c.describe().replace(c.cell.press, name))
         return bad
 
     @property
     def line(self) -> str:
         return f"agreement: {self.agree}/{self.total}"
+
+    @property
+    def exact_line(self) -> str:
+        """Agreement counting the cells whose only difference is kvpress's inexact fake keys."""
+        return (f"agreement with kvpress's fake keys masked exactly: {self.agree + self.fake_key_only}/{self.total} "
+                f"({self.fake_key_only} of the {self.total - self.agree} disagreements are fake-key leaks)")
 
 
 def no_kvpress_counterpart(spec: str) -> str | None:
@@ -224,7 +251,16 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
             why = f"{KVPRESS_FAILED}{error_reason(e)}"
         finally:
             t_ref += time.perf_counter() - t0
-        out.append(CellComparison(prompt_id, cell, ours, text, ids, no_reference=why, masks_equal=equal))
+        comparison = CellComparison(prompt_id, cell, ours, text, ids, no_reference=why, masks_equal=equal)
+        if equal and not comparison.agrees:  # same masks, other answer: how much do kvpress's fake keys leak?
+            t0 = time.perf_counter()
+            with FakeKeyProbe(exact=True) as probe:
+                _, exact = kvpress_answer_ids(lm, prompt, cell.press, cell.ratio, seed=seed, pipeline=pipe,
+                                              max_new_tokens=engine.settings.max_new_tokens)
+            t_ref += time.perf_counter() - t0
+            if probe.forwards:  # else the decode ran outside the reference wrapper (eager): nothing was measured
+                comparison = replace(comparison, exact_ids=exact, fake_key_leak=probe.leak, leak_layer=probe.layer)
+        out.append(comparison)
     return PromptComparison(out, t_ours, t_ref)
 
 
