@@ -18,6 +18,7 @@ contexts, and for every selection strategy with a kvpress counterpart the presse
 kvroute's own). Random scorers are seeded per (seed, layer) on both sides.
 
     python benchmarks/equivalence.py [--model smollm2-135m] [--n 10] [--max-new-tokens 8] [--tokens 220]
+    python benchmarks/equivalence.py --model tiny-llama --device cuda --dtype bfloat16 --out results/x.md
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 from kvroute.engine import Cell, DecodeSettings, Engine
 from kvroute.engine.reference import kvpress_pipeline
 from kvroute.models import load_model
+from kvroute.models.tiny import save_tiny_model
 from kvroute.presses import SCORERS, SELECTIONS, build_press
 from kvroute.presses.check import Agreement, compare_prompt
 from kvroute.presses.scorers import KvpressScorer
@@ -60,6 +62,7 @@ SELECTION_CASES = {
 OWN_SELECTIONS = {"routes", "shared"}  # kvroute's own: kvpress has no counterpart
 RATIOS = [0.25, 0.5, 0.75, 0.9]
 SEED = 0
+TINY = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}  # --model names for tiny random models (no download)
 FAMILIES = ["base", "multi_entity", "hops", "knowledge", "coreference", "multi_presence"]
 
 
@@ -74,6 +77,13 @@ def presses() -> list[str]:
     return registry_presses() + VARIANTS + [p for cases in SELECTION_CASES.values() for p in cases]
 
 
+def device_text(lm) -> str:
+    dev = next(lm.model.parameters()).device
+    if dev.type == "cuda":
+        return f"{torch.cuda.get_device_name(dev)}"
+    return f"{torch.get_num_threads()} torch threads"
+
+
 def instances(tokenizer, n: int, tokens: int) -> list:
     out = []
     per = -(-n // len(FAMILIES))
@@ -84,17 +94,23 @@ def instances(tokenizer, n: int, tokens: int) -> list:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="a zoo name, a local folder, or tiny-llama / tiny-qwen2 "
+                    "(random weights, 3 layers, hidden 256: a fast check of the code paths, e.g. on another device)")
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=220, help="target context length of the generated instances")
     ap.add_argument("--out", default=None, help="default: results/equivalence[_MODEL].md")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (both sides run there)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
     out = Path(args.out) if args.out else Path(__file__).parent / "results" / (
         "equivalence.md" if args.model == "smollm2-135m" else f"equivalence_{args.model}.md")
     torch.manual_seed(0)
-    lm = load_model(args.model, dtype="float32")
     weights = Path(tempfile.mkdtemp(prefix="kvroute-equivalence-"))
+    source = args.model
+    if args.model in TINY:  # a tiny random model (head_dim 64, as kvpress's fake keys need), written as a local folder
+        source = str(save_tiny_model(weights / args.model, TINY[args.model], hidden=256))
+    lm = load_model(source, dtype=args.dtype, device=args.device)
     label = {with_random_weights(p, lm.model, weights): p for p in presses()}  # the spec run -> the spec shown
     all_presses = list(label)
     tasks = instances(lm.tokenizer, args.n, args.tokens)
@@ -110,10 +126,12 @@ def main() -> int:
             "# Equivalence with the kvpress pipeline",
             "",
             f"Command: `python benchmarks/equivalence.py --model {args.model} --n {args.n} "
-            f"--max-new-tokens {args.max_new_tokens} --tokens {args.tokens}`",
-            f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+            f"--max-new-tokens {args.max_new_tokens} --tokens {args.tokens}"
+            + ("" if args.device == "cpu" else f" --device {args.device}")
+            + ("" if args.dtype == "float32" else f" --dtype {args.dtype}") + "`",
+            f"Machine: {platform.machine()}, {device_text(lm)}, torch {torch.__version__}; "
             f"date {time.strftime('%Y-%m-%d')}.",
-            f"Model: {lm.name} (float32). Instances: {done} ({', '.join(dict.fromkeys(t.family for t in tasks[:done]))}; "
+            f"Model: {lm.name} ({args.dtype}). Instances: {done} ({', '.join(dict.fromkeys(t.family for t in tasks[:done]))}; "
             f"~{args.tokens}-token contexts), question-agnostic (finch: question-aware), greedy, "
             f"max_new_tokens={args.max_new_tokens}.",
             "",
@@ -137,9 +155,17 @@ def main() -> int:
             lines += [f"- {why} ({n} instances)" for why, n in tally.not_compared.items()] + [""]
         if tally.mismatches:
             lines += ["Disagreements:", ""] + [f"- {d}" for d in tally.mismatches] + [""]
+        if tally.fake_key_only:
+            lines += [f"{tally.fake_key_only} of the disagreements are kvpress's fake keys, not kvroute: kvpress keeps a "
+                      "masked entry's value and overwrites its key with one whose logit is very negative (−1e5 scaled), "
+                      "assuming its weight underflows to zero; softmax compares logits with each other, so a query whose "
+                      "real logits are lower still puts its attention there. Rerun with the same entries masked "
+                      "exactly (−inf, as physically dropping them would), kvpress's pipeline answers kvroute's tokens.", ""]
         if done < len(tasks):
             lines.append(f"(partial: {done} of {len(tasks)} instances so far)")
         lines.append(tally.line)
+        if tally.fake_key_only:
+            lines.append(tally.exact_line)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(lines) + "\n")
         return lines

@@ -11,7 +11,8 @@ probe oracle > random > anti_oracle (the probe, which has intervals, fails only 
 reversed beyond them: random and anti_oracle both at chance are expected to tie); readings of the output (accuracy, the logit lens of the gold's
 first token, the untrained identity readout) oracle above both, random and anti_oracle unordered (random
 also evicts the instruction and template, which anti_oracle keeps); and with every evidence token
-gone (anti_oracle at 0.95) the identity probe must fall to chance. A probe can only rank presses on
+gone (anti_oracle at 0.95) the identity probe must fall to chance. The report's press league over
+the three controls must rank the oracle first: a safe ratio and an α* no smaller than either other's. A probe can only rank presses on
 a model that can tell the answer from its distractors at the full cache: the table's first row says,
 and where the full cache's identity probe is itself at chance the identity orderings are reported as
 undecidable (?) rather than held or failed; the closing line gives the full-cache model's own choice
@@ -74,6 +75,8 @@ def main() -> int:
              + ", ".join(f"`{p}`" for p in PRESSES) + ". Means over instances; the identity probe's 95% interval "
              "is its instance bootstrap; chance is the mean of 1 / (number of candidate values).", "",
              *_markdown(table), "", "Expected orderings:", ""]
+    league_lines, league_checks = league(df)
+    checks += league_checks
     lines += [f"- {MARK[ok]} {text}" for text, ok in checks]
     n_bad = sum(ok is False for _, ok in checks)
     n_und = sum(ok is None for _, ok in checks)
@@ -85,6 +88,7 @@ def main() -> int:
     for line in (model_choice(df), full_cache_routes(df)):
         if line:
             lines += ["", line]
+    lines += ["", *league_lines]
     print("\n".join(lines))
     if not args.no_write_results:
         write("mask_controls" if args.model == "smollm2-135m" else f"mask_controls_{args.model}", lines)
@@ -94,6 +98,46 @@ def main() -> int:
 MARK = {True: "✔", False: "✘", None: "?"}
 #: readings that can only rank presses where the full cache itself tells the answer from its distractors
 IDENTITY_COLS = {"identity_accuracy", "identity_untrained"}
+
+
+def league(df: pd.DataFrame) -> tuple[list[str], list[tuple[str, bool | None]]]:
+    """The report's press league over the three controls, and its expected ordering: the oracle first.
+
+    At matched budgets the oracle keeps the evidence, so its hallucination rate must stay at the baseline
+    at least as far as either other control's (safe ratio), and its cliff must come no earlier (α*; a
+    curve without a cliff in the tested range counts as later than any). Random and anti_oracle are not
+    ordered by the output (random also evicts the instruction and template, which anti_oracle keeps).
+    """
+    from kvroute.analysis.league import press_league
+    from kvroute.report.league import LEAGUE_TABLE_COLS
+
+    lg = press_league(df, n_boot=1000)
+    cols = [(c, h) for c, h in LEAGUE_TABLE_COLS if c not in ("model", "regime")]
+    lines = ["The report's press league over the controls (`kvroute.analysis.league.press_league`, as in the report):", "",
+             "| " + " | ".join(h for _, h in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(str(SHORT.get(r[c], r[c]) if c == "press" else ("–" if pd.isna(r[c]) else r[c]))
+                               for c, _ in cols) + " |" for _, r in lg.iterrows()]
+    rows = {SHORT.get(r["press"], r["press"]): r for _, r in lg.iterrows()}
+    if not {"oracle", "random", "anti_oracle"} <= set(rows):
+        return lines, [("press league: a control is missing from the league", False)]
+    o = rows["oracle"]
+
+    def later(a: pd.Series, b: pd.Series) -> bool:  # a's cliff no earlier than b's (no cliff in range: latest)
+        if a["cliff_status"] != "ok":
+            return True
+        return b["cliff_status"] == "ok" and float(a["alpha_star"]) >= float(b["alpha_star"])
+
+    others = [rows["random"], rows["anti_oracle"]]
+    safe_ok = all(float(o["safe_ratio"]) >= float(r["safe_ratio"]) for r in others)
+    checks: list[tuple[str, bool | None]] = [
+        (f"press league: oracle ranked first (rank {o['rank']}; random {rows['random']['rank']}, anti_oracle "
+         f"{rows['anti_oracle']['rank']})", int(o["rank"]) == 1),
+        (f"press league: safe ratio oracle {o['safe_ratio_text']} ≥ random {rows['random']['safe_ratio_text']} and "
+         f"anti_oracle {rows['anti_oracle']['safe_ratio_text']}", safe_ok),
+        (f"press league: α* oracle {o['alpha_star_text']} no earlier than random {rows['random']['alpha_star_text']} "
+         f"and anti_oracle {rows['anti_oracle']['alpha_star_text']}", all(later(o, r) for r in others)),
+    ]
+    return lines, checks
 
 
 def model_choice(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> str | None:

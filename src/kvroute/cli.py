@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    Task,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
 from kvroute import __version__
+from kvroute.console import RichProgress, SweepProgress, console, err_console
 from kvroute.errors import KvrouteError
-from kvroute.progress import PlainProgress, PlainTask
-
-console = Console()
-err_console = Console(stderr=True)
 
 
 def _interruptible(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,51 +58,6 @@ app = _App(help="kvroute: what KV-cache compression does to an LLM's attention r
            no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 models_app = _App(help="The embedded model zoo.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
-
-
-class _Handle:
-    """One bar of a rich Progress, as kvroute's progress Task."""
-
-    def __init__(self, progress: Progress, tid: TaskID, *, jump_on_completed: bool = False) -> None:
-        self.p, self.tid, self.jump = progress, tid, jump_on_completed
-
-    def advance(self, n: float = 1) -> None:
-        self.p.advance(self.tid, n)
-
-    def update(self, *, completed: float | None = None, total: float | None = None,
-               description: str | None = None) -> None:
-        if completed is not None and self.jump:  # work found done (a resumed store): a jump, not a rate
-            self.p.reset(self.tid, completed=int(completed), total=total, description=description)
-        else:
-            self.p.update(self.tid, completed=completed, total=total, description=description)
-
-
-class RichProgress:
-    """kvroute's Progress protocol on a rich progress bar (stderr)."""
-
-    def __init__(self, console: Console = err_console) -> None:
-        self.console = console
-
-    def columns(self, total: float | None) -> list[ProgressColumn]:
-        columns: list[ProgressColumn] = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
-        if total:
-            columns.append(MofNCompleteColumn() if total < 1e5 else TextColumn("{task.percentage:>3.0f}%"))
-        return columns + [TimeElapsedColumn(), TimeRemainingColumn()]
-
-    jump_on_completed = False
-    unit = ""
-
-    @contextlib.contextmanager
-    def task(self, description: str, total: float | None = None) -> Iterator[_Handle | PlainTask]:
-        if not self.console.is_terminal:  # a log file, nohup, CI: rich draws no bar there, so plain lines
-            with PlainProgress(self.console.file, unit=self.unit).task(description, total) as t:
-                yield t
-            return
-        with Progress(*self.columns(total), console=self.console, transient=False) as p:
-            tid = p.add_task(description, total=total)
-            yield _Handle(p, tid, jump_on_completed=self.jump_on_completed)
-            if total is None:
-                p.update(tid, total=1, completed=1)
 
 
 def _setup_logging(verbose: int) -> None:
@@ -295,7 +233,7 @@ def demo(
         if name in ZOO:
             pull(ZOO.get(name), progress=RichProgress())
     try:
-        res = run_demo(names, out, scale=scale, tickets=tickets, progress=_SweepProgress(), report_boot=n_boot)
+        res = run_demo(names, out, scale=scale, tickets=tickets, progress=SweepProgress(), report_boot=n_boot)
     except KeyboardInterrupt:
         from kvroute.errors import Interrupted
 
@@ -346,28 +284,6 @@ def report(
                         config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
                         tickets=tickets, ticket_images=images, survival=survival, progress=RichProgress())
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
-
-
-class _RateColumn(ProgressColumn):
-    """Cells per second (or per minute when slow), for the sweep bar."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.speed
-        if not speed:
-            return Text("-- cells/s", style="progress.data.speed")
-        text = f"{speed:.2f} cells/s" if speed >= 0.1 else f"{speed * 60:.2f} cells/min"
-        return Text(text, style="progress.data.speed")
-
-
-class _SweepProgress(RichProgress):
-    """The sweep's bar: cells done of total, rate, elapsed and ETA; cells found in the store are a jump."""
-
-    jump_on_completed = True
-    unit = "cells"
-
-    def columns(self, total: float | None) -> list[ProgressColumn]:
-        return [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                _RateColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
 
 
 def _csv(value: str | None, cast: type = str, option: str = "") -> list | None:
@@ -422,7 +338,7 @@ def sweep(
         return
     try:
         res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address,
-                        progress=_SweepProgress(), retry_errors=retry_errors, new_settings=new_settings)
+                        progress=SweepProgress(), retry_errors=retry_errors, new_settings=new_settings)
     except KeyboardInterrupt:
         from kvroute.errors import Interrupted
 

@@ -74,7 +74,7 @@ def register(tasks_app: typer.Typer) -> None:
         Answers are located in each context (case-, whitespace- and quote-tolerant, every occurrence);
         rows whose answers never occur are kept and marked evidence none. Prints a summary per task.
         """
-        from kvroute.cli import RichProgress, console
+        from kvroute.console import RichProgress, console
         from kvroute.errors import ConfigError
         from kvroute.tasks import save_tasks
         from kvroute.tasks.importers import ImportOptions, import_tasks
@@ -118,7 +118,7 @@ def register(tasks_app: typer.Typer) -> None:
         """Generate a needle-in-a-haystack grid (length × depth) over any text."""
         import json
 
-        from kvroute.cli import RichProgress, console
+        from kvroute.console import RichProgress, console
         from kvroute.errors import ConfigError
         from kvroute.tasks import save_tasks
         from kvroute.tasks.families.niah import EXPORT_LAYOUTS, NiahSpec, generate_niah, niah_rows
@@ -159,7 +159,7 @@ def register(tasks_app: typer.Typer) -> None:
         """Accuracy, GER and reachability per (press, ratio) and task-meta cell, e.g. niah length × depth."""
         from kvroute.analysis.grid import meta_table
         from kvroute.analysis.load import load_records
-        from kvroute.cli import console
+        from kvroute.console import console
         from kvroute.tasks import load_tasks
 
         keys = [k for v in by for k in v.split(",") if k.strip()]

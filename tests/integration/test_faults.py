@@ -270,8 +270,11 @@ def test_sigint_during_a_sweep_says_how_to_resume(eight_units, tmp_path):
     seven units (≥ 3.5 s) are still to come: the signal lands mid-sweep however fast or busy the machine."""
     config, finished = eight_units
     run = tmp_path / "run"
+    # SIGINT back to its default in the child: a test run started in the background (`pytest &`) inherits an
+    # ignored SIGINT, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([*SLOW_KVROUTE, "sweep", str(config), "--out", str(run)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from collections.abc import Iterable
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
-_PUNCT = set(string.punctuation) | {"“", "”", "‘", "’", "—", "–", "…"}
-
-
-def normalize_answer(text: str) -> str:
-    """Lower-case, drop punctuation and articles, collapse whitespace (SQuAD's normalisation)."""
-    text = text.lower()
-    text = "".join(ch if ch not in _PUNCT else " " for ch in text)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+from kvroute.text import normalize_answer
 
 
 def _f1(prediction: str, gold: str) -> float:

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvroute.errors import TaskFormatError
+from kvroute.tasks.locate import match_key
+from kvroute.text import Span, normalize_answer
 
 FORMAT_VERSION = 1
 ANSWER_TYPES: tuple[str, ...] = ("Person", "Thing", "Organization", "Creature", "Location", "Numeral",
@@ -48,8 +50,6 @@ FIELDS: tuple[str, ...] = ("id", "family", "version", "seed", "context", "questi
                            "answer_spans", "evidence_spans", "distractors", "answer_type", "question_type", "meta")
 _OPTIONAL = {"id": None, "seed": None, "meta": None, "distractors": (), "evidence_spans": ()}
 
-Span = tuple[int, int]
-"""Half-open character offsets ``(start, end)`` into ``TaskInstance.context``."""
 
 
 def content_hash(*, family: str, context: str, question: str, answers: Sequence[str], unanswerable: bool,
@@ -186,13 +186,8 @@ def _spans(value: Any, name: str) -> tuple[Span, ...]:
 
 
 def _same_normalised(text: str, answers: Sequence[str]) -> bool:
-    from kvroute.tasks.locate import match_key  # the matching `kvroute tasks import` finds answers with
-
     if match_key(text) in {match_key(a) for a in answers}:
         return True
-    # imported here: kvroute.metrics pulls in torch/transformers, tasks must stay light to import
-    from kvroute.metrics.utilization import normalize_answer
-
     return normalize_answer(text) in {normalize_answer(a) for a in answers}
 
 
