@@ -455,8 +455,8 @@ def presses_list() -> None:
 
 def _kvpress_status(name: str, where: str) -> str:
     """A scorer's equivalence with kvpress, as `presses list` states it."""
+    from kvroute.engine.check import no_kvpress_counterpart
     from kvroute.presses import SCORERS
-    from kvroute.presses.check import no_kvpress_counterpart
     from kvroute.presses.scorers.local_weights import LocalWeightsScorer
 
     if where == "kvroute":
@@ -493,10 +493,10 @@ def presses_check(
     import tempfile
 
     from kvroute.engine import Cell, DecodeSettings, Engine
+    from kvroute.engine.check import Agreement, compare_prompt, no_kvpress_counterpart
     from kvroute.engine.reference import kvpress_pipeline
     from kvroute.models import save_tiny_model
     from kvroute.presses import build_press, check_ratio
-    from kvroute.presses.check import Agreement, compare_prompt, no_kvpress_counterpart
     from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
 
     rs = [check_ratio(r) for r in _csv(ratios, float, "--ratios") or []]

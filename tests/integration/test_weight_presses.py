@@ -21,11 +21,11 @@ import torch
 from kvpress import QFilterPress
 
 from kvroute.engine import Cell, DecodeSettings, Engine
+from kvroute.engine.check import compare_prompt
 from kvroute.engine.reference import kvpress_logits, kvpress_prompt_ids
 from kvroute.errors import ConfigError
 from kvroute.models import tiny_model
 from kvroute.presses import SCORERS, build_press
-from kvroute.presses.check import compare_prompt
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
 
 CONTEXT = ("Alice Morgan was born in Ferravik in 1987 and works as a glassblower for the Northwind Company. "

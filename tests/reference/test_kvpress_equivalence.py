@@ -24,11 +24,11 @@ import torch
 from transformers import DynamicCache
 
 from kvroute.engine import Cell, DecodeSettings, Engine
+from kvroute.engine.check import KVPRESS_FAILED, compare_prompt
 from kvroute.engine.reference import _attn, kvpress_logits, kvpress_press, kvpress_prompt_ids
 from kvroute.errors import EngineError
 from kvroute.models import tiny_model
 from kvroute.presses import SCORERS, SELECTIONS, build_press
-from kvroute.presses.check import KVPRESS_FAILED, compare_prompt
 from kvroute.presses.scorers import KvpressScorer
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
 from kvroute.presses.scorers.local_weights import with_random_weights

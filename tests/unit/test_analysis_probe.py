@@ -50,14 +50,6 @@ def test_probe_by_ratio_runs_per_group_and_notes_failures():
     assert probe_by_ratio(pd.DataFrame(rows).drop(columns="probe_features")).empty
 
 
-def test_the_metrics_namespace_exports_the_same_probe():
-    from kvroute.analysis import probe
-    from kvroute.metrics import probe as metrics_probe
-
-    assert metrics_probe.linear_probe_macro_f1 is probe.linear_probe_macro_f1
-    assert metrics_probe.probe_by_ratio is probe.probe_by_ratio
-
-
 def test_probe_by_ratio_leaves_out_rare_classes_and_says_so():
     X, y = _blobs(sep=10, n=60)
     labels = [f"t{v}" for v in y]
@@ -90,14 +82,6 @@ def test_the_type_probe_is_a_control_blind_to_evidence_loss_that_the_identity_pr
     assert control.loc[0.95, "macro_f1"] > 0.95  # the control cannot see it
     assert ident.loc[0.0, "accuracy_low"] > ident.loc[0.0, "chance"] + 0.2
     assert ident.loc[0.95, "accuracy_low"] <= ident.loc[0.95, "chance"] <= ident.loc[0.95, "accuracy_high"]
-
-
-def test_the_metrics_namespace_exports_the_identity_probe():
-    from kvroute.analysis import probe
-    from kvroute.metrics import probe as metrics_probe
-
-    assert metrics_probe.identity_probe is probe.identity_probe
-    assert metrics_probe.identity_by_ratio is probe.identity_by_ratio
 
 
 def test_the_shared_baseline_gets_one_identity_reading_for_every_press():

@@ -125,3 +125,22 @@ def test_no_new_import_cycles_and_no_stale_entries():
     assert not new, f"import cycles among kvroute modules: {new}"
     stale = [sorted(r) for r in KNOWN_CYCLES if r not in found]
     assert not stale, f"these listed cycles are gone; remove them from KNOWN_CYCLES: {stale}"
+
+
+def unit(module: str) -> str:
+    """The top-level part of the package a module belongs to (``kvroute.engine.decode`` → ``kvroute.engine``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_the_top_level_packages_form_layers():
+    """No upward imports: between kvroute's top-level modules and packages (models, tasks, presses, engine,
+    metrics, sweep, analysis, report, cli, …) the imports form no ring, so each sits on the ones it imports.
+    (``presses/check.py`` used the engine that uses presses; it lives in ``engine/`` now.)"""
+    g: dict[str, set[str]] = {}
+    for m, targets in graph().items():
+        g.setdefault(unit(m), set())
+        for t in targets:
+            g.setdefault(unit(t), set())
+            if unit(t) != unit(m):
+                g[unit(m)].add(unit(t))
+    assert rings(g) == [], f"packages that import each other: {[sorted(r) for r in rings(g)]}"

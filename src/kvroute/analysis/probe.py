@@ -1,4 +1,4 @@
-"""Representation probes (also exported as kvroute.metrics.probe).
+"""Representation probes.
 
 Two probes of the last prompt token, which predicts the first answer token:
 

@@ -9,19 +9,9 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from kvroute.models.layers import base_model, decoder_layers
 
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of a causal LM (``model.model.layers`` or a multimodal language model's)."""
-    layers = getattr(base_model(model), "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(model).__name__} has no decoder layers where kvroute looks (model.model.layers)")
-    return list(layers)
-
-
-def base_model(model: nn.Module) -> nn.Module:
-    """The transformer without its LM head (what kvpress prefills with)."""
-    base: Any = model.model if hasattr(model, "model") else model
-    return getattr(base, "language_model", base)
+__all__ = ["attention_hooks", "base_model", "decoder_layers"]
 
 
 @contextlib.contextmanager

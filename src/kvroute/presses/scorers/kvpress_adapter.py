@@ -161,7 +161,7 @@ def seeded_kvpress_layers(model: nn.Module, seed: int = 0) -> Iterator[None]:
     after the layer's attention, so seeding in a pre-hook gives its ``score()`` the generator state
     kvroute's adapter gives it. The generator's state is restored on exit.
     """
-    from kvroute.engine.hooks import decoder_layers  # here, not at import: kvroute.engine imports presses
+    from kvroute.models.layers import decoder_layers
 
     handles = []
 

@@ -92,7 +92,7 @@ class KVzipScorer(KvpressScorer):
     def score_model(self, x: ModelScoreInputs, ratio: float) -> torch.Tensor:
         if self._tokenizer is None:
             raise EngineError("kvzip needs the model's tokenizer to write its replay prompts; run it through the engine")
-        from kvroute.engine.hooks import base_model, decoder_layers  # here: kvroute.engine imports presses
+        from kvroute.models.layers import base_model, decoder_layers
 
         model: Any = x.model  # a transformers causal LM
         press = self.press
