@@ -6,7 +6,7 @@ KeepMask; kvpress's own `KVPressTextGenerationPipeline` runs the same press on t
 token: the generated token ids (read off the pipeline's final ``tokenizer.decode`` call) and the
 text; for presses kvpress applies with fake keys (AdaKV, CriticalAdaKV, KVzip's global selection)
 kvroute's keep masks must also equal the masks kvpress decides. The comparison is
-:mod:`kvroute.presses.check`'s, as in ``kvroute presses check``. Ends with the line `agreement: X/Y`.
+:mod:`kvroute.engine.check`'s, as in ``kvroute presses check``. Ends with the line `agreement: X/Y`.
 
 The presses are read from the registries: every scorer that wraps a kvpress press (kvpress's
 defaults, its default selection; finch in the question-aware regime, where the question is in the
@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 
 from kvroute.engine import Cell, DecodeSettings, Engine
+from kvroute.engine.check import Agreement, compare_prompt
 from kvroute.engine.reference import kvpress_pipeline
 from kvroute.models import load_model
 from kvroute.models.tiny import save_tiny_model
 from kvroute.presses import SCORERS, SELECTIONS, build_press
-from kvroute.presses.check import Agreement, compare_prompt
 from kvroute.presses.scorers import KvpressScorer
 from kvroute.presses.scorers.local_weights import with_random_weights
 from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
