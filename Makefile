@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.kvroute-installed
 PYTEST := $(PY) -m pytest
 LOCK   := constraints.txt
 
-.PHONY: demo test test-slow test-all bench lint venv clean lock
+.PHONY: demo test test-slow test-all bench lint check venv clean lock
 
 venv: $(STAMP)
 
@@ -51,6 +51,11 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
+
+# lint and type check (mypy settings in pyproject.toml); .ci/run runs it before the tests
+check: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info

@@ -62,14 +62,17 @@ def main() -> int:
     env = environment()
     cfg = sweep_config_from_mapping(config(args.model, args.n, args.seed), source="benchmarks/mask_controls.py")
     t0 = time.perf_counter()
-    run_sweep(cfg, args.run_dir / args.model, resume=True)
+    outcome = run_sweep(cfg, args.run_dir / args.model, resume=True)
     sweep_s = time.perf_counter() - t0
+    sweep_text = f"sweep {sweep_s:.0f} s" + (
+        "" if not outcome.already_done else
+        f" ({outcome.computed} of {outcome.total_cells} cells computed, the rest read back from {args.run_dir})")
     df = load_records(args.run_dir / args.model)
     df = df[df.get("status", "ok").fillna("ok") == "ok"] if "status" in df else df
     ident = identity_by_ratio(df, n_boot=1000)
     table, checks = readings(df, ident)
     lines = ["# Mask-level controls on a real model", "",
-             f"`python benchmarks/mask_controls.py --model {args.model} --n {args.n}` — {env}; sweep {sweep_s:.0f} s.", "",
+             f"`python benchmarks/mask_controls.py --model {args.model} --n {args.n}` — {env}; {sweep_text}.", "",
              f"{args.n} `base` instances (contexts padded to ~320 tokens, 2 distractors, none unanswerable), agnostic regime, answer prefix `Answer:`. Presses at matched budgets "
              "(per-head top-k: every (layer, KV head) keeps the same number of entries): "
              + ", ".join(f"`{p}`" for p in PRESSES) + ". Means over instances; the identity probe's 95% interval "

@@ -121,15 +121,14 @@ def register(tasks_app: typer.Typer) -> None:
         from kvroute.console import RichProgress, console
         from kvroute.errors import ConfigError
         from kvroute.tasks import save_tasks
-        from kvroute.tasks.families.niah import EXPORT_LAYOUTS, NiahSpec, generate_niah, niah_rows
+        from kvroute.tasks.families.niah import EXPORT_LAYOUTS, NEEDLE, QUESTION, NiahSpec, generate_niah, niah_rows
         from kvroute.tasks.text import TokenCounter
 
         if layout not in EXPORT_LAYOUTS:
             raise ConfigError(f"--layout {layout!r}: use one of {', '.join(EXPORT_LAYOUTS)}")
-        templates = {k: v for k, v in (("needle", needle), ("question", question)) if v is not None}
         lengths, depths = parse_list(length, int, "--length") or [], parse_list(depth, float, "--depth") or []
-        spec = NiahSpec(lengths=tuple(lengths), depths=tuple(depths), n=n, seed=seed,
-                        haystack=haystack, **templates)
+        spec = NiahSpec(lengths=tuple(lengths), depths=tuple(depths), n=n, seed=seed, haystack=haystack,
+                        needle=NEEDLE if needle is None else needle, question=QUESTION if question is None else question)
         tok = None
         if tokenizer is not None:
             from kvroute.models import load_tokenizer

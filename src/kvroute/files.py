@@ -90,7 +90,7 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
     """
     path = Path(path)
     prefix = f".{path.name[:60]}."
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(path.parent))
     except OSError:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -203,11 +204,12 @@ def crossing_interval(values: np.ndarray, codes: np.ndarray, x: np.ndarray, conf
     """
     iv = censored_interval(values, codes, confidence)
     x = np.asarray(x, float)
-    if iv["low"] is not None:
-        below = x[x < iv["low"] - 1e-9]
+    low, high = cast("float | None", iv["low"]), cast("float | None", iv["high"])  # censored_interval's float | None
+    if low is not None:
+        below = x[x < low - 1e-9]
         iv["low"] = float(below.max()) if below.size else float(x[0])
-    if iv["high"] is not None:
-        above = x[x >= iv["high"] - 1e-9]
+    if high is not None:
+        above = x[x >= high - 1e-9]
         iv["high"] = float(above.min()) if above.size else float(x[-1])
     iv["rule"] = CROSSING_RULE
     return iv

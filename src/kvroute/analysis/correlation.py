@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -343,13 +344,13 @@ def _verdict(o: dict[str, object], separated: bool, min_cells: int, min_instance
     if o["slope"] is None:
         return "too few data", (f"no {o['strata']} stratum has both hallucinated and correct cells with differing "
                                 f"GER; {counts}")
-    if o["n_cells_fit"] < min_cells or o["n_instances_fit"] < min_instances:
+    if cast(int, o["n_cells_fit"]) < min_cells or cast(int, o["n_instances_fit"]) < min_instances:
         return "too few data", f"the data cannot decide: only {counts}"
     if separated:
-        way = "raises H" if float(o["slope"]) > 0 else "lowers H"
+        way = "raises H" if cast(float, o["slope"]) > 0 else "lowers H"
         return f"{way} (separated)", (f"GER separates H within ratio: the slope ({o['slope']:.1f}) is held finite only "
                                       f"by the ridge, so read its sign and the risk difference, not its size; {counts}")
-    lo, hi = o["slope_low"], o["slope_high"]
+    lo, hi = cast("float | None", o["slope_low"]), cast("float | None", o["slope_high"])
     if lo is None or hi is None:
         return "too few data", f"no bootstrap interval; {counts}"
     rd = ""

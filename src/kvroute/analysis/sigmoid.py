@@ -200,7 +200,7 @@ def has_cliff(y: np.ndarray, min_amplitude: float = MIN_AMPLITUDE) -> np.ndarray
     return (rise >= min_amplitude) & order
 
 
-def edge_codes(x: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mid: np.ndarray, *,
+def edge_codes(x: np.ndarray, y: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float, mid: np.ndarray | float, *,
                tol: float = MID_STEP / 2) -> np.ndarray:
     """The identifiability rule for fitted curves ``y`` ``[B, n]`` over sorted ratios ``x``: OK, BELOW_GRID or BEYOND_GRID.
 
@@ -238,7 +238,8 @@ def fit_sigmoid(x: np.ndarray, y: np.ndarray, *, min_amplitude: float = MIN_AMPL
         return SigmoidFit("too_few_ratios", f"a 4-parameter sigmoid needs at least 4 ratios, got {len(np.unique(x))}")
     if not has_cliff(y, min_amplitude):
         return SigmoidFit("no_cliff", f"H rises by less than {min_amplitude:g} over the ratios tested "
-                                      f"({np.nanmin(y):.3f} to {np.nanmax(y):.3f})")
+                                      f"(H = {y[0]:.3f} at α = {x[0]:g}, {y[-1]:.3f} at α = {x[-1]:g}; "
+                                      f"range {np.nanmin(y):.3f}–{np.nanmax(y):.3f})")
     grid = grid_for(tuple(x.tolist()))
     g = grid.best(y[None, :])
     lo0, hi0 = float(g["lo"][0]), float(g["hi"][0])

@@ -370,8 +370,10 @@ class RoutedReachability(Metric):
         eps = visible_threshold(ctx)  # [L, H]
         hit = (a > eps.to(a.device)[..., None]) & carries.to(a.device)[:, None, :]  # [L, H, T]
         null = ctx.null_share
-        has_null = null is not None and null.shape[-1] > 0
-        sources = torch.cat([share[..., None].to(null.dtype), null], dim=-1) if has_null else share[..., None]
+        if null is not None and null.shape[-1] > 0:
+            sources = torch.cat([share[..., None].to(null.dtype), null], dim=-1)
+        else:
+            sources = share[..., None]
         stats = layer_statistics(a, sources)  # [S, 2L]
         # the pooled statistic (the routed read over every layer and head) is the mean of the per-layer reads
         pooled_mass = stats[:, L:].double().mean(dim=1)

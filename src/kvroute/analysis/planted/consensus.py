@@ -109,12 +109,12 @@ def planted_attention(group_keys: np.ndarray, sink_groups: np.ndarray, group_siz
     return attn, truth
 
 
-def tensor_case(rng: np.random.Generator, seed: int) -> dict[str, dict[str, list[float]]]:
+def tensor_case(rng: np.random.Generator, seed: int) -> dict[int, dict[str, dict[str, list[float]]]]:
     """One planted profile built at every group size of :data:`GROUP_SIZES`: per ``G``, the metric's
     values (``measured``) next to the truth, for the per-head, group-aware and with-sink variants."""
     keys = planted_profile(rng)
     sinks = np.where(rng.random(keys.shape) < 0.4, rng.integers(0, N_SINK, keys.shape), -1)
-    out = {}
+    out: dict[int, dict[str, dict[str, list[float]]]] = {}
     for G in GROUP_SIZES:
         attn, truth = planted_attention(keys, sinks, G, np.random.default_rng([seed, 1]))  # same background for every G
         cn, rn = consensus_and_rho(attn, N_SINK)
@@ -185,9 +185,9 @@ def coverage(n_sets: int = 200, seed: int = 0) -> list[dict]:
     same_group, head_differs, sinks_matter = [], [], []
     for s in range(n_sets):
         case = tensor_case(rng, seed * 100_003 + s)
-        for G, c in case.items():
-            for name, truth in c["truth"].items():
-                exact.setdefault((G, name), []).append(np.allclose(c["measured"][name], truth, rtol=0, atol=1e-12))
+        for G, per_g in case.items():
+            for name, expected in per_g["truth"].items():
+                exact.setdefault((G, name), []).append(np.allclose(per_g["measured"][name], expected, rtol=0, atol=1e-12))
         m1 = case[GROUP_SIZES[0]]["measured"]
         sinks_matter.append(m1["consensus_withsink"] != m1["consensus_nosink"])
         g1 = m1["consensus_group_nosink"]

@@ -193,8 +193,8 @@ def niah_instance(spec: NiahSpec, *, length: int, depth: float, index: int, coun
             sep = " " if parts else ""
             start = pos + len(sep)
             evidence = (start, start + len(needle))
-            v = start + len(spec.needle[:spec.needle.index("{value}")].format(key=key))
-            answer = (v, v + len(value))
+            value_at = start + len(spec.needle[:spec.needle.index("{value}")].format(key=key))
+            answer = (value_at, value_at + len(value))
             parts.append(sep + needle)
             pos += len(sep) + len(needle)
             for x in placed.get(i, []):  # the only boundary (a haystack of nothing): after the needle
