@@ -13,6 +13,7 @@ that a before/after pair sits side by side in one file.
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def main() -> int:
             for name, argv in cmds.items():
                 times[name].append(run(argv)[0])
         heavy = {name: imported(run(argv, importtime=True)[1]) for name, argv in cmds.items()}
-    lines = [f"## {args.label}", "", f"`python benchmarks/startup.py --label {args.label}` — {environment()}.", "",
+    lines = [f"## {args.label}", "", f"`python benchmarks/startup.py --label {shlex.quote(args.label)}` — {environment()}.", "",
              "| command | wall time, median (range, n) | imports |", "|---|---|---|"]
     for name in cmds:
         xs = times[name]
@@ -82,7 +83,7 @@ def main() -> int:
         out = RESULTS / "startup.md"
         head = ["# Startup time of model-free commands", "",
                 "Fresh process per run, commands interleaved; see `benchmarks/startup.py`.", ""]
-        old = out.read_text().splitlines() if out.exists() else head
+        old = out.read_text().rstrip("\n").splitlines() if out.exists() else head[:-1]
         out.write_text("\n".join([*old, "", *lines]) + "\n")
     return 0
 
