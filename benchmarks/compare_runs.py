@@ -1,0 +1,85 @@
+"""Are two runs' records the same? Field by field, timings aside — the check that a refactor changed no reading.
+
+    python benchmarks/compare_runs.py RUN_BEFORE RUN_AFTER [--out results/compare_runs.md]
+
+Records are matched by their cell key. For every other field the values must be equal: floats to
+1e-9 relative (the same code on the same machine gives the same bits; the tolerance only absorbs a
+different summation order in a library), everything else exactly (token ids, texts, lists, masks'
+digests). Timing fields (``records.TIMING_FIELDS``) are left out. The report names each field that
+differs, with how many records and one example; it ends with `identical: yes` or `identical: no`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS
+
+from kvroute.records import TIMING_FIELDS
+from kvroute.sweep import read_records
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def commit(run: Path) -> str:
+    import json
+
+    try:
+        git = json.loads((run / "manifest.json").read_text()).get("git") or {}
+    except (OSError, ValueError):
+        return "?"
+    return f"{str(git.get('commit', '?'))[:7]}{' (uncommitted changes)' if git.get('dirty') else ''}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path)
+    ap.add_argument("after", type=Path)
+    ap.add_argument("--out", type=Path, default=RESULTS / "compare_runs.md")
+    args = ap.parse_args()
+    a = {r["key"]: r for r in read_records(args.before)}
+    b = {r["key"]: r for r in read_records(args.after)}
+    only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    diffs: dict[str, list[str]] = {}
+    for key in sorted(set(a) & set(b)):
+        ra, rb = a[key], b[key]
+        for f in sorted((set(ra) | set(rb)) - set(TIMING_FIELDS)):
+            if not same(ra.get(f), rb.get(f)):
+                diffs.setdefault(f, []).append(key)
+    identical = not (only_a or only_b or diffs)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = ["# Two runs' records, field by field (timings aside)", "",
+             f"`python benchmarks/compare_runs.py {args.before} {args.after}` (code at {head}).", "",
+             f"- before: `{args.before}`, {len(a)} records, written by commit {commit(args.before)}",
+             f"- after: `{args.after}`, {len(b)} records, written by commit {commit(args.after)}",
+             f"- records in both: {len(set(a) & set(b))}; only before: {len(only_a)}; only after: {len(only_b)}",
+             f"- fields compared: every field except the {len(TIMING_FIELDS)} timing fields "
+             f"({', '.join(sorted(TIMING_FIELDS))})", ""]
+    if diffs:
+        lines += ["| field | records that differ | example (key: before → after) |", "|---|---|---|"]
+        for f, keys in sorted(diffs.items()):
+            k = keys[0]
+            ex = f"{k}: {str(a[k].get(f))[:60]!r} → {str(b[k].get(f))[:60]!r}"
+            lines.append(f"| `{f}` | {len(keys)} | {ex} |")
+        lines.append("")
+    lines.append(f"identical: {'yes' if identical else 'no'}")
+    print("\n".join(lines))
+    args.out.write_text("\n".join(lines) + "\n")
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
