@@ -18,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 ORDER = ["load_speed", "equivalence", "grid_speed", "profile_grid", "metrics_overhead", "cell_batching", "context_scaling",
          "profile_capture",
-         "bookkeeping", "planted_truth", "mask_controls"]
+         "bookkeeping", "planted_truth", "mask_controls", "startup"]
 
 
 def main() -> int:

@@ -72,7 +72,7 @@ def main() -> int:
             for name, argv in cmds.items():
                 times[name].append(run(argv)[0])
         heavy = {name: imported(run(argv, importtime=True)[1]) for name, argv in cmds.items()}
-    lines = [f"## {args.label}", "", f"`python benchmarks/startup.py --label {shlex.quote(args.label)}` — {environment()}.", "",
+    lines = [f"### {args.label}", "", f"`python benchmarks/startup.py --label {shlex.quote(args.label)}` — {environment()}.", "",
              "| command | wall time, median (range, n) | imports |", "|---|---|---|"]
     for name in cmds:
         xs = times[name]
