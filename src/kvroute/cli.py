@@ -258,31 +258,12 @@ def report(
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
 ) -> None:
     """Analyse a run's records and write report.html, summary.json and figures/."""
-    from kvroute.analysis.load import load_manifest, load_records
     from kvroute.analysis.summary import AnalysisConfig
-    from kvroute.report.build import build_report
+    from kvroute.report.build import build_run_report
 
     t0 = time.perf_counter()
-    df = load_records(run)
-    out = out or (run if run.is_dir() else run.parent) / "report"
-    from kvroute.analysis.tickets import load_tickets
-    from kvroute.report.heatmap import load_survival
-
-    tickets = load_tickets(run)
-    base = run if run.is_dir() else run.parent
-    masks = sorted((base / "masks").glob("*.npz"))
-    survival = load_survival(masks[0]) if masks else None
-    pngs = sorted((base / "tickets").glob("*.png"))[:3]
-    images = [(f"Ticket for instance {p.stem}: which layers and KV heads keep its evidence tokens.", p.read_bytes())
-              for p in pngs]
-    manifest = load_manifest(run)
-    if manifest is not None:
-        from kvroute.sweep.manifest import mark_stale
-
-        mark_stale(manifest, base)  # a killed sweep's "running" session reads "interrupted" (in memory only)
-    path = build_report(df, out, manifest=manifest, title=title,
-                        config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
-                        tickets=tickets, ticket_images=images, survival=survival, progress=RichProgress())
+    path = build_run_report(run, out, title=title, config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
+                            progress=RichProgress())
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
 
 

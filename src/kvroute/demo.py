@@ -228,12 +228,11 @@ def _consensus_shapes(summary: dict[str, Any]) -> list[str]:
 def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, tickets: int = 2,
              progress: Progress = SILENT, report_boot: int = 1000) -> DemoResult:
     """Run the whole study into ``run_dir`` (resuming it if it exists) and write its report."""
-    from kvroute.analysis.load import load_manifest, load_records
+    from kvroute.analysis.load import load_manifest
     from kvroute.analysis.summary import AnalysisConfig
     from kvroute.analysis.tickets import load_tickets
     from kvroute.models import load_model
-    from kvroute.report.build import build_report
-    from kvroute.report.heatmap import load_survival
+    from kvroute.report.build import build_run_report
     from kvroute.sweep import plan_sweep, run_sweep, sweep_config_from_mapping
 
     check_demo_options(scale=scale, tickets=tickets, report_boot=report_boot)
@@ -268,13 +267,8 @@ def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, 
                         answer_prefix=cfg.settings.answer_prefix, progress=progress)
     seconds["tickets"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    df = load_records(run_dir)
-    pngs = sorted((run_dir / "tickets").glob("*.png"))[:3] if (run_dir / "tickets").exists() else []
-    report = build_report(df, run_dir / "report", manifest=load_manifest(run_dir), title="kvroute demo study",
-                          survival=load_survival(survival) if survival else None,
-                          config=AnalysisConfig(n_boot=report_boot), tickets=load_tickets(run_dir),
-                          ticket_images=[(f"Token-route lottery ticket {p.stem}.", p.read_bytes()) for p in pngs],
-                          progress=progress)
+    report = build_run_report(run_dir, title="kvroute demo study", config=AnalysisConfig(n_boot=report_boot),
+                              survival_file=survival, progress=progress)
     seconds["report"] = time.perf_counter() - t2
     seconds["total"] = time.perf_counter() - t0
     summary = json.loads((run_dir / "report" / "summary.json").read_text())

@@ -421,3 +421,38 @@ def _examples(df: pd.DataFrame, per_ratio: int, seed: int) -> str:
     cols = [("ratio", "α"), ("model", "model"), ("press", "press"), ("instance_id", "instance"),
             ("outcome", "outcome"), ("f1", "F1"), ("gold", "gold"), ("answer", "answer")]
     return h.table(ex, [c for c in cols if c[0] in ex.columns], text_columns=["gold", "answer"])
+
+
+def build_run_report(run: str | Path, out_dir: str | Path | None = None, *, title: str = "kvroute report",
+                     config: AnalysisConfig | None = None, survival_file: str | Path | None = None,
+                     progress: Progress = SILENT) -> Path:
+    """The report of a run: its records, manifest, tickets and a saved keep-mask, read from disk and reported.
+
+    The one way ``kvroute report`` and ``kvroute demo`` turn a run into a report. ``run`` is a run
+    folder (store, manifest, ``tickets.jsonl``, ``tickets/*.png``, ``masks/*.npz``) or a records file
+    (.parquet, .csv, .jsonl; its folder is read for the rest). ``out_dir`` defaults to ``RUN/report``.
+    ``survival_file`` picks the keep-mask for the survival heatmap (default: the first under ``masks/``).
+    A session that a killed sweep left "running" reads "interrupted" in the report (in memory only).
+    """
+    from kvroute.analysis.load import load_manifest, load_records
+    from kvroute.analysis.tickets import load_tickets
+    from kvroute.report.heatmap import load_survival
+
+    run = Path(run)
+    base = run if run.is_dir() else run.parent
+    df = load_records(run)
+    if survival_file is None:
+        masks = sorted((base / "masks").glob("*.npz"))
+        survival_file = masks[0] if masks else None
+    pngs = sorted((base / "tickets").glob("*.png"))[:3]
+    images = [(f"Token-route lottery ticket for instance {p.stem}: which layers and KV heads keep its evidence "
+               "tokens.", p.read_bytes()) for p in pngs]
+    manifest = load_manifest(run)
+    if manifest is not None:
+        from kvroute.sweep.manifest import mark_stale
+
+        mark_stale(manifest, base)
+    return build_report(df, Path(out_dir) if out_dir is not None else base / "report", manifest=manifest,
+                        title=title, config=config, tickets=load_tickets(run),
+                        survival=load_survival(survival_file) if survival_file is not None else None,
+                        ticket_images=images, progress=progress)
