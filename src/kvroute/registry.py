@@ -31,6 +31,13 @@ class Registry(Generic[T]):
         self._resolve = resolve
         self._more_names = more_names
 
+    def fall_back_to(self, resolve: Callable[[str], T | None], more_names: Callable[[], Iterable[str]]) -> None:
+        """Set ``resolve`` and ``more_names`` (see ``__init__``) after construction, once: for a fallback that
+        lives in a module built on the registered entries (kvroute's press plugins)."""
+        if self._resolve is not None or self._more_names is not None:
+            raise KvrouteError(f"the {self.kind} registry already has a fallback")
+        self._resolve, self._more_names = resolve, more_names
+
     @overload
     def register(self, name: str) -> Callable[[T], T]: ...
     @overload

@@ -78,9 +78,11 @@ def is_import_path(name: str) -> bool:
 
 @functools.cache
 def plugins() -> tuple[Plugin, ...]:
-    """Every declared plugin press, the refused ones with their ``problem`` (read once, nothing imported)."""
-    import kvroute.presses.scorers  # noqa: F401  (every built-in registered before clashes are judged)
+    """Every declared plugin press, the refused ones with their ``problem`` (read once, nothing imported).
 
+    Every built-in is registered before clashes are judged: importing this module's
+    ``kvroute.presses.scorers.base`` ran the scorers package, which registers them all.
+    """
     out: list[Plugin] = []
     taken: dict[str, str] = {}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name, e.value)):
@@ -262,3 +264,16 @@ def source(name: str) -> str:
         return "import path"
     plugin = next((p for p in plugins() if p.name == name and p.problem is None), None)
     return f"plugin {plugin.dist}" if plugin is not None else "unknown"
+
+
+def _outside(name: str) -> type[Scorer] | None:
+    """An import path or installed plugin; a kvpress press kvroute does not offer raises its reason (catalogue)."""
+    from kvroute.presses.catalogue import unavailable
+
+    found = outside_scorer(name)
+    if found is None and (why := unavailable(name)) is not None:
+        raise why
+    return found
+
+
+SCORERS.fall_back_to(_outside, plugin_names)

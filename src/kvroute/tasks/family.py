@@ -213,7 +213,9 @@ FAMILIES: Registry[type[Family]] = Registry("task family", hint="List them with 
 
 
 def get_family(name: str) -> Family:
-    """The family registered as ``name`` (did-you-mean error otherwise)."""
-    import kvroute.tasks.families  # noqa: F401 - registers the built-in families
+    """The family registered as ``name`` (did-you-mean error otherwise).
 
+    The built-in families are registered by ``kvroute.tasks`` (this module's package), which imports
+    ``kvroute.tasks.families`` first: Python runs it before any import of this module can finish.
+    """
     return FAMILIES.get(name)()

@@ -116,27 +116,10 @@ def _default(f: dataclasses.Field) -> Any:
     return None
 
 
-def _outside(name: str) -> type[Scorer] | None:
-    """An import path or installed plugin; a kvpress press kvroute does not offer raises its reason (catalogue)."""
-    from kvroute.presses.catalogue import unavailable
-    from kvroute.presses.plugins import outside_scorer  # here, not at import: plugins builds on this module
-
-    found = outside_scorer(name)
-    if found is None and (why := unavailable(name)) is not None:
-        raise why
-    return found
-
-
-def _plugin_names() -> list[str]:
-    from kvroute.presses.plugins import plugin_names
-
-    return plugin_names()
-
-
-# names not registered here are looked up as an import path (module:Class) or an installed plugin
+# names not registered here are looked up as an import path (module:Class) or an installed plugin: the fallback
+# is set by kvroute.presses.plugins (which builds on this module), imported by the scorers package
 SCORERS: Registry[type[Scorer]] = Registry(
-    "scorer", "A press of your own: module:Class (a kvpress ScorerPress or kvroute Scorer subclass).",
-    resolve=_outside, more_names=_plugin_names)
+    "scorer", "A press of your own: module:Class (a kvpress ScorerPress or kvroute Scorer subclass).")
 
 
 def check_params(kind: str, name: str, given: dict[str, Any], allowed: dict[str, Any],
