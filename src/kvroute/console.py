@@ -1,7 +1,7 @@
 """The terminal: kvroute's consoles (stdout, stderr) and its progress bars, for every command.
 
-One owner for how kvroute talks to a terminal: the commands in :mod:`kvroute.cli` and
-:mod:`kvroute.cli_import` print through ``console`` / ``err_console`` and show long work through
+One owner for how kvroute talks to a terminal: the commands of the :mod:`kvroute.cli` package print
+through ``console`` / ``err_console`` and show long work through
 :class:`RichProgress` (kvroute's :class:`~kvroute.progress.Progress` protocol on a rich bar, or plain
 lines where stderr is not a terminal).
 """

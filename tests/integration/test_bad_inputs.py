@@ -805,7 +805,7 @@ def test_models_list_does_not_call_a_truncated_model_cached(damaged_zoo_home, ca
 
     import kvroute.cli
 
-    monkeypatch.setattr(kvroute.cli, "console", Console(width=250))  # the whole table on one line per model
+    monkeypatch.setattr(kvroute.cli.models, "console", Console(width=250))  # the whole table on one line per model
     code, out, err = cli(["models", "list"], capsys)
     assert code == 0, err
     row = next(line for line in out.splitlines() if "smollm2-135m" in line)
@@ -877,7 +877,7 @@ def test_sweep_summary_keeps_press_parameters(width, sweep_config, tmp_path, cap
 
     import kvroute.cli
 
-    monkeypatch.setattr(kvroute.cli, "console", Console(width=width))
+    monkeypatch.setattr(kvroute.cli.sweep, "console", Console(width=width))
     code, out, err = cli(["sweep", sweep_config, "--out", tmp_path / "run", "--ratios", "0.5",
                           "--press", "snapkv[window_size=4]", "--press", "snapkv[window_size=8]"], capsys)
     assert code == 0, err

@@ -12,27 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-
-def parse_list(values: str | list[str] | None, cast: type = str, option: str = "") -> list | None:
-    """The CLI's one list parser: comma-separated (and, for a repeatable option, repeated) values cast to ``cast``.
-
-    None when nothing was given; a value that does not cast raises KvrouteError naming the option and the value.
-    """
-    from kvroute.errors import KvrouteError
-
-    if values is None:
-        return None
-    items = [x.strip() for v in ([values] if isinstance(values, str) else values) for x in v.split(",") if x.strip()]
-    out = []
-    for x in items:
-        try:
-            out.append(cast(x))
-        except ValueError:
-            kind = {int: "an integer", float: "a number"}.get(cast, cast.__name__)
-            where = f"{option} " if option else ""
-            raise KvrouteError(f"{where}{x!r} is not {kind}; give comma-separated values, e.g. "
-                               f"{'0,0.5,1' if cast is float else '1,2,3'}") from None
-    return out
+from kvroute.cli.core import parse_list
 
 
 def _model_window(source: str) -> int | None:

@@ -1,0 +1,5 @@
+"""``python -m kvroute.cli``."""
+
+from kvroute.cli.core import main
+
+main()

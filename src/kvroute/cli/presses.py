@@ -1,0 +1,175 @@
+"""``kvroute presses``: the scorer and selection catalogue (list) and the equivalence check against kvpress (check)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from kvroute.cli.core import (
+    _App,
+    _csv,
+    app,
+    load_model_cli,
+)
+from kvroute.console import RichProgress, console
+from kvroute.errors import KvrouteError
+
+presses_app = _App(help="Scorers and selection strategies (a press is scorer or scorer+selection).",
+                   no_args_is_help=True)
+app.add_typer(presses_app, name="presses")
+
+
+@presses_app.command("list")
+def presses_list() -> None:
+    """List the scorers (built-in and installed plugins), the selection strategies, and kvpress's presses not offered."""
+    from kvroute.presses import SCORERS, SELECTIONS
+    from kvroute.presses.catalogue import CATALOGUE
+    from kvroute.presses.plugins import plugin_names, plugins, refused_line, source
+
+    t = Table(title="scorers", show_lines=False)
+    for col in ("name", "source", "parameters (defaults)", "scored", "reads", "extra cost", "vs kvpress",
+                "description"):
+        t.add_column(col, overflow="fold")
+    broken = []
+    for name in [*SCORERS.names(), *plugin_names()]:
+        try:
+            cls = SCORERS.get(name)  # a plugin is imported here, and only here when listing
+        except KvrouteError as e:  # a broken plugin: its row says so, the other presses are listed
+            t.add_row(name, source(name), "-", "-", "-", "-", "-", "failed to import (see below)")
+            broken.append(str(e))
+            continue
+        params = ", ".join(f"{k}={v}" for k, v in cls.parameters().items()) or "-"
+        reads = [what for flag, what in ((cls.needs_attentions, "N×N prefill map"),
+                                         (cls.needs_evidence, "evidence spans"),
+                                         (cls.needs_question_window, "question in the prefix")) if flag is True]
+        scored = "per ratio" if cls.ratio_dependent is True else "once"
+        if cls.default_selection != "per_head":
+            scored += f"; default +{cls.default_selection}"
+        t.add_row(name, source(name), params, scored, ", ".join(reads) or "-", cls.extra_cost or "-",
+                  _kvpress_status(name, source(name)), cls.description)
+    console.print(t)
+    for line in broken + [refused_line(p) for p in plugins() if p.problem is not None]:
+        console.print(Text(line, style="yellow"))
+    t = Table(title="selection strategies")
+    for col in ("name", "parameters (defaults)", "kvpress", "description"):
+        t.add_column(col, overflow="fold")
+    kvpress_of = {entry.name: entry.kvpress for entry in CATALOGUE if entry.status == "selection"}
+    kvpress_of.update({"per_head": "ScorerPress", "global": "KVzipPress (its selection)"})
+    for name, selection in SELECTIONS.items():
+        params = ", ".join(f"{k}={v}" for k, v in selection.parameters().items()) or "-"
+        t.add_row(name, params, kvpress_of.get(name, "- (kvroute's own)"), selection.description)
+    console.print(t)
+    t = Table(title="kvpress presses not offered here")
+    for col in ("kvpress", "why"):
+        t.add_column(col, overflow="fold")
+    for entry in CATALOGUE:
+        if not entry.offered and entry.status != "base class":
+            t.add_row(f"{entry.kvpress} ({entry.name})", f"{entry.status}: {entry.why}")
+    console.print(t)
+
+    console.print("A press is [bold]scorer[/bold] or [bold]scorer+selection[/bold] (default selection: per_head, "
+                  "unless the scorer's row names another), "
+                  + escape("each with optional [key=value,...], e.g. expected_attention+adakv, "
+                           "snapkv[window_size=32]+chunk[chunk_length=256]. A scorer of your own: "
+                           "module:Class (a kvpress ScorerPress or kvroute Scorer subclass), or a plugin "
+                           "installed under the entry-point group kvroute.presses; check it against kvpress "
+                           "with kvroute presses check."))
+
+
+def _kvpress_status(name: str, where: str) -> str:
+    """A scorer's equivalence with kvpress, as `presses list` states it."""
+    from kvroute.engine.check import no_kvpress_counterpart
+    from kvroute.presses import SCORERS
+    from kvroute.presses.scorers.local_weights import LocalWeightsScorer
+
+    if where == "kvroute":
+        return "- (kvroute's own)"
+    if where != "kvpress":
+        return "unchecked: run kvroute presses check"
+    cls = SCORERS.get(name) if name in SCORERS.names() else None
+    if cls is not None and issubclass(cls, LocalWeightsScorer):
+        return (f"equal, token for token, given the same weights (tests/reference, random ones); needs "
+                f"{cls.weights_param}=FOLDER")
+    try:
+        why = no_kvpress_counterpart(name)
+    except KvrouteError as e:  # e.g. a press that needs a weights folder to build
+        return f"equal (tests/reference); {e}"
+    return "equal, token for token (tests/reference)" if why is None else why
+
+
+@presses_app.command("check")
+def presses_check(
+    spec: Annotated[str, typer.Argument(help="Press: a built-in, module:Class or a plugin name, with [key=value] and +selection.")],
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Zoo name or local folder (default: a tiny random Llama built here, offline).")] = None,
+    ratios: Annotated[str, typer.Option("--ratios", help="Comma-separated ratios.")] = "0.25,0.5,0.75,0.9",
+    n: Annotated[int, typer.Option("--n", help="Generated base task instances.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed of random scorers (both sides) and of the tasks.")] = 0,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
+) -> None:
+    """Check a press against kvpress's own pipeline: equal generated tokens at every instance × ratio (exit 1 if not).
+
+    kvpress applies adakv, critical_adakv and kvzip's global selection with "fake keys" that only push evicted
+    entries' logits down, so some attention leaks onto them; on the default random tiny model, whose next
+    tokens are nearly tied, that leak alone can change an answer. Check those on a real model (--model).
+    """
+    import tempfile
+
+    from kvroute.engine import Cell, DecodeSettings, Engine
+    from kvroute.engine.check import Agreement, compare_prompt, no_kvpress_counterpart
+    from kvroute.engine.reference import kvpress_pipeline
+    from kvroute.models import save_tiny_model
+    from kvroute.presses import build_press, check_ratio
+    from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
+
+    rs = [check_ratio(r) for r in _csv(ratios, float, "--ratios") or []]
+    if not rs or any(r == 0 for r in rs):
+        raise KvrouteError(f"--ratios {ratios!r}: give compression ratios in (0, 1), e.g. 0.25,0.5,0.75,0.9")
+    if n < 1:
+        raise KvrouteError(f"--n {n}: give a positive number of instances")
+    DecodeSettings(max_new_tokens=max_new_tokens)  # a bad --max-new-tokens fails before the model loads
+    why = no_kvpress_counterpart(spec)  # also builds the press: bad names fail here, before the model loads
+    if why is not None:
+        console.print(f"{escape(spec)}: nothing to check; {escape(why)}", highlight=False, soft_wrap=True)
+        return
+    # the folder lives until the check ends: kvpress's KVzip reloads the tokenizer from config.name_or_path
+    with tempfile.TemporaryDirectory(prefix="kvroute-check-") as tmp:
+        source = model
+        if source is None:  # the default: a tiny random Llama, written and read back as any local folder is
+            from transformers.utils import logging as hf_logging
+
+            bar_on = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # its "Writing model shards" bar is no news here
+            try:
+                # head_dim 64: kvpress's fake keys (AdaKV, CriticalAdaKV, KVzip) cannot be built for narrower heads
+                source = str(save_tiny_model(Path(tmp) / "tiny-llama", hidden=256))
+            finally:
+                if bar_on:
+                    hf_logging.enable_progress_bar()
+        lm = load_model_cli(source, device, "float32")
+        instances = generate_tasks(TaskSpec("base", n=n, seed=seed), lm.tokenizer)
+        engine = Engine(lm, DecodeSettings(max_new_tokens=max_new_tokens))
+        pipe = kvpress_pipeline(lm)
+        cells = [Cell(spec, r) for r in rs]
+        # a press that scores by the question (finch) is checked with the question inside the compressed prefix
+        regime = "aware" if build_press(spec).scorer.needs_question_window else "agnostic"
+        tally = Agreement()
+        with RichProgress().task(f"{spec} vs kvpress on {lm.name}", len(instances)) as bar:
+            for inst in instances:
+                res = compare_prompt(engine, build_prompt(lm.tokenizer, inst, regime=regime), cells, seed=seed,
+                                     pipeline=pipe, prompt_id=inst.id)
+                for c in tally.add(res):
+                    console.print(f"mismatch {escape(c.describe())}", highlight=False, soft_wrap=True)
+                bar.advance()
+        for why, count in tally.not_compared.items():
+            console.print(f"not compared ({count} cells): {escape(why)}", highlight=False, soft_wrap=True)
+        console.print(tally.line, highlight=False)
+        if tally.fake_key_only:
+            console.print(tally.exact_line, highlight=False)
+    if tally.agree != tally.total or tally.total == 0:
+        raise typer.Exit(1)

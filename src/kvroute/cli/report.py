@@ -1,0 +1,33 @@
+"""``kvroute report``: a run's records analysed into report.html, summary.json and figures/."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvroute.cli.core import (
+    app,
+)
+from kvroute.console import RichProgress, console
+
+
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="Run directory (store.sqlite + manifest.json) or a .parquet/.csv/.jsonl records file.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default: RUN_DIR/report).")] = None,
+    title: Annotated[str, typer.Option(help="Report title.")] = "kvroute report",
+    n_boot: Annotated[int, typer.Option(help="Bootstrap replicates (resampling instances).")] = 1000,
+    delta: Annotated[float, typer.Option(help="Safe ratio: allowed rise of the hallucination rate over the baseline.")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """Analyse a run's records and write report.html, summary.json and figures/."""
+    from kvroute.analysis.summary import AnalysisConfig
+    from kvroute.report.build import build_run_report
+
+    t0 = time.perf_counter()
+    path = build_run_report(run, out, title=title, config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
+                            progress=RichProgress())
+    console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
