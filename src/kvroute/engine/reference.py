@@ -101,7 +101,7 @@ def _aligned_mask(inner: Any) -> Any:
                 attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
         q, k = query.shape[2], key.shape[2]
         if attention_mask is not None and attention_mask.shape[-1] != k:
-            allowed = torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)[None, None]  # [1, 1, q, k]
+            allowed = _causal(q, k, query.device)
             if attention_mask.dtype == torch.bool:
                 attention_mask = allowed
             else:
@@ -111,14 +111,14 @@ def _aligned_mask(inner: Any) -> Any:
         masked = getattr(module, "masked_key_indices", None)
         if probe is None or masked is None or q == k:
             return inner(module, query, key, value, attention_mask, *args, **kwargs)
-        allowed = _allowed(attention_mask, query, k)
-        out = inner(module, query, key, value, _additive(allowed & _kept(masked, query, key), query.dtype) if probe.exact
+        allowed, kept = _allowed(attention_mask, query, k), _kept(masked, query, key)
+        out = inner(module, query, key, value, _additive(allowed & kept, query.dtype) if probe.exact
                     else attention_mask, *args, **kwargs)
         # kvpress's wrapper (inside ``inner``) wrote its fake keys into ``key`` at the masked entries
         groups = query.shape[1] // key.shape[1]
         scores = query.float() @ key.float().repeat_interleave(groups, 1).transpose(-1, -2) * module.scaling
         weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-        leak = weights.masked_fill(_kept(masked, query, key), 0).sum(-1)  # [B, H, q]: mass on masked entries
+        leak = weights.masked_fill(kept, 0).sum(-1)  # [B, H, q]: mass on masked entries
         worst = float(leak.max())
         probe.forwards += 1
         if worst > probe.leak or probe.layer is None:
@@ -159,11 +159,16 @@ class FakeKeyProbe:
 _PROBE: list[FakeKeyProbe | None] = [None]
 
 
+def _causal(q: int, k: int, device: torch.device) -> torch.Tensor:
+    """``[1, 1, q, k]``: the last ``q`` of ``k`` positions, each attending to itself and everything before."""
+    return torch.ones(q, k, dtype=torch.bool, device=device).tril(k - q)[None, None]
+
+
 def _allowed(attention_mask: torch.Tensor | None, query: torch.Tensor, k: int) -> torch.Tensor:
     """Where each query may attend ``[B or 1, 1 or H, q, k]`` (bool) from the mask passed on, or causal when None."""
     q = query.shape[2]
     if attention_mask is None:
-        return torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)[None, None]
+        return _causal(q, k, query.device)
     if attention_mask.dtype == torch.bool:
         return attention_mask[..., -q:, -k:]
     return attention_mask[..., -q:, -k:] > torch.finfo(attention_mask.dtype).min / 2
