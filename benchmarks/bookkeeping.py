@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", type=int, default=100_000)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=576)
-    ap.add_argument("--no-write-results", action="store_true", help="Only print (do not rewrite results/bookkeeping.md).")
+    ap.add_argument("--no-write-results", action="store_true",
+                    help="Only print (do not rewrite results/bookkeeping.md).")
     args = ap.parse_args(argv)
     env = environment()
 
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         store = Store.open(tmp)
         todo = pending(units, store.keys())
         sh = shards(todo, 4)
-        t_sched = step("schedule (lock, keys, pending, shards)", t0, f"{count_cells(todo):,} pending, {len(sh):,} shards")
+        t_sched = step("schedule (lock, keys, pending, shards)", t0,
+                       f"{count_cells(todo):,} pending, {len(sh):,} shards")
 
         write_s, i = 0.0, 0
         for u in todo:

@@ -22,7 +22,8 @@ import torch
 from kvroute.models import load_model
 from kvroute.engine import Engine, Cell, DecodeSettings
 from kvroute.tasks import TaskSpec, generate_tasks, build_prompt
-model_name, tokens, n_cells, batch, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+model_name, tokens, n_cells, batch, repeats = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                                               int(sys.argv[5]))
 lm = load_model(model_name, device="cpu", dtype="float32")
 inst = generate_tasks(TaskSpec("base", n=1, seed=3, target_tokens=tokens), lm.tokenizer)[0]
 prompt = build_prompt(lm.tokenizer, inst)
@@ -68,14 +69,15 @@ def main() -> int:
     lines = [
         "# Cell batching: throughput and memory against batch size",
         "",
-        f"Command: `python benchmarks/cell_batching.py --model {args.model} --tokens {args.tokens} --cells {args.cells} "
-        f"--batches {' '.join(map(str, args.batches))} --repeats {args.repeats}`",
+        f"Command: `python benchmarks/cell_batching.py --model {args.model} --tokens {args.tokens} --cells "
+        f"{args.cells} --batches {' '.join(map(str, args.batches))} --repeats {args.repeats}`",
         f"Environment: {environment()}",
         f"{args.cells} cells (4 presses × 16 ratios) on one `base` prompt of T={T} context tokens, max_new_tokens=16, "
         f"captures off. The context K/V cache of this prompt is {ctx_mb:.1f} MB: copying it per cell would add "
         f"{ctx_mb:.1f} MB per cell in a batch.",
         "",
-        "| batch size | seconds for all cells (median, range) | cells/s | peak memory growth MB | per cell in the batch MB |",
+        "| batch size | seconds for all cells (median, range) | cells/s | peak memory growth MB "
+        "| per cell in the batch MB |",
         "|---|---|---|---|---|",
     ]
     for b, r in rows:

@@ -46,13 +46,14 @@ def requests():
         if s.startswith("@"):
             continue
         p = build_press(s); p.scorer.setup(lm.model)
-        out.append(ScoreRequest(s, p.scorer, "full", 0.5 if p.scorer.ratio_dependent else None))
+        out.append(ScoreRequest.for_press(p, 0.5))
     return out
 
 def once(x):
     if not scorers:
         with torch.inference_mode():
-            lm.model.model(input_ids=torch.tensor([x]), past_key_values=DynamicCache(config=lm.model.config), use_cache=True)
+            lm.model.model(input_ids=torch.tensor([x]), past_key_values=DynamicCache(config=lm.model.config),
+                           use_cache=True)
         return
     caps = [EvidenceRollout(list(range(10, 30)), len(x))] if "@routes" in scorers else []
     prefill(lm.model, x, requests(), captures=caps)
@@ -118,7 +119,8 @@ def main() -> int:
                      f"| {median_spread(cr['times'])} | {100 * (mr / mp - 1):+.0f}% | {p['peak_mb']:.0f} "
                      f"| {c['peak_mb']:.0f} | {cr['peak_mb']:.0f} | {obs_s} |")
     big = args.lengths[-1]
-    over = 100 * (statistics.median(res[("capture", big)]["times"]) / statistics.median(res[("plain", big)]["times"]) - 1)
+    over = 100 * (statistics.median(res[("capture", big)]["times"])
+                  / statistics.median(res[("plain", big)]["times"]) - 1)
     per_len = {n: 100 * (statistics.median(res[("capture", n)]["times"])
                          / statistics.median(res[("plain", n)]["times"]) - 1) for n in args.lengths}
     met = [n for n, o in per_len.items() if o < 15]

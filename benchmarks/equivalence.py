@@ -131,23 +131,24 @@ def main() -> int:
             + ("" if args.dtype == "float32" else f" --dtype {args.dtype}") + "`",
             f"Machine: {platform.machine()}, {device_text(lm)}, torch {torch.__version__}; "
             f"date {time.strftime('%Y-%m-%d')}.",
-            f"Model: {lm.name} ({args.dtype}). Instances: {done} ({', '.join(dict.fromkeys(t.family for t in tasks[:done]))}; "
-            f"~{args.tokens}-token contexts), question-agnostic (finch: question-aware), greedy, "
-            f"max_new_tokens={args.max_new_tokens}.",
+            f"Model: {lm.name} ({args.dtype}). Instances: {done} "
+            f"({', '.join(dict.fromkeys(t.family for t in tasks[:done]))}; ~{args.tokens}-token contexts), "
+            f"question-agnostic (finch: question-aware), greedy, max_new_tokens={args.max_new_tokens}.",
             "",
-            f"Presses: every kvpress scorer in the registry ({len(registry_presses())}, kvpress defaults, each with its "
-            f"default selection), {len(VARIANTS)} parameter variants, and {sum(map(len, SELECTION_CASES.values()))} "
-            f"presses covering every selection with a kvpress counterpart ({len(SELECTION_CASES)}; kvroute's own: "
-            f"{', '.join(sorted(OWN_SELECTIONS))}); presses with learned hub weights run with random weights of the "
-            f"right shape on both sides; ratios {', '.join(map(str, RATIOS))}. Agreement = equal generated "
-            "token ids and text (and, for fake-key presses, equal keep masks).",
+            f"Presses: every kvpress scorer in the registry ({len(registry_presses())}, kvpress defaults, each with "
+            f"its default selection), {len(VARIANTS)} parameter variants, and "
+            f"{sum(map(len, SELECTION_CASES.values()))} presses covering every selection with a kvpress counterpart "
+            f"({len(SELECTION_CASES)}; kvroute's own: {', '.join(sorted(OWN_SELECTIONS))}); presses with learned hub "
+            f"weights run with random weights of the right shape on both sides; ratios {', '.join(map(str, RATIOS))}. "
+            "Agreement = equal generated token ids and text (and, for fake-key presses, equal keep masks).",
             "",
             "| press | agreement | keep masks equal (fake-key presses) |",
             "|---|---|---|",
             *[f"| `{p}` | {a}/{n} | {f'{m}/{nm}' if nm else '–'} |" for p, (a, n, m, nm) in tally.per_press.items()],
             "",
             f"Wall time: kvroute {t_ours:.1f} s (one prefill per instance and regime, all cells batched), "
-            f"kvpress pipeline {t_ref:.1f} s (one call per cell, plus one prefill per fake-key cell to read its masks).",
+            f"kvpress pipeline {t_ref:.1f} s (one call per cell, "
+            "plus one prefill per fake-key cell to read its masks).",
             "",
         ]
         if tally.not_compared:
@@ -156,11 +157,12 @@ def main() -> int:
         if tally.mismatches:
             lines += ["Disagreements:", ""] + [f"- {d}" for d in tally.mismatches] + [""]
         if tally.fake_key_only:
-            lines += [f"{tally.fake_key_only} of the disagreements are kvpress's fake keys, not kvroute: kvpress keeps a "
-                      "masked entry's value and overwrites its key with one whose logit is very negative (−1e5 scaled), "
-                      "assuming its weight underflows to zero; softmax compares logits with each other, so a query whose "
-                      "real logits are lower still puts its attention there. Rerun with the same entries masked "
-                      "exactly (−inf, as physically dropping them would), kvpress's pipeline answers kvroute's tokens.", ""]
+            lines += [f"{tally.fake_key_only} of the disagreements are kvpress's fake keys, not kvroute: kvpress keeps "
+                      "a masked entry's value and overwrites its key with one whose logit is very negative (−1e5 "
+                      "scaled), assuming its weight underflows to zero; softmax compares logits with each other, so a "
+                      "query whose real logits are lower still puts its attention there. Rerun with the same entries "
+                      "masked exactly (−inf, as physically dropping them would), kvpress's pipeline answers kvroute's "
+                      "tokens.", ""]
         if done < len(tasks):
             lines.append(f"(partial: {done} of {len(tasks)} instances so far)")
         lines.append(tally.line)

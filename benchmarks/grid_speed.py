@@ -118,7 +118,8 @@ def main() -> int:
         f"Answers agree on {agree}/{total} (instance, cell) pairs.",
         "",
         "Goal: at least 10× at 27 cells. " + (f"Met ({speedup:.1f}×)." if speedup >= 10 else
-            f"Missed by {100 * (1 - speedup / 10):.0f}% ({speedup:.1f}× of 10×); profile_grid shows where the time goes."),
+            f"Missed by {100 * (1 - speedup / 10):.0f}% ({speedup:.1f}× of 10×); "
+            "profile_grid shows where the time goes."),
         "",
         f"speedup: {speedup:.1f}",
     ]

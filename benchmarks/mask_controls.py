@@ -8,11 +8,13 @@ entries) the oracle keeps the evidence first, anti_oracle evicts it first and ra
 subset. Whatever a reading measures about the evidence must put them in that order: GER (evicted
 answer tokens) oracle < random < anti_oracle; direct and routed reachability and the answer-identity
 probe oracle > random > anti_oracle (the probe, which has intervals, fails only where an ordering is
-reversed beyond them: random and anti_oracle both at chance are expected to tie); readings of the output (accuracy, the logit lens of the gold's
+reversed beyond them: random and anti_oracle both at chance are expected to tie); \
+readings of the output (accuracy, the logit lens of the gold's
 first token, the untrained identity readout) oracle above both, random and anti_oracle unordered (random
 also evicts the instruction and template, which anti_oracle keeps); and with every evidence token
 gone (anti_oracle at 0.95) the identity probe must fall to chance. The report's press league over
-the three controls must rank the oracle first: a safe ratio and an α* no smaller than either other's. A probe can only rank presses on
+the three controls must rank the oracle first: a safe ratio and an α* no smaller than either other's. \
+A probe can only rank presses on
 a model that can tell the answer from its distractors at the full cache: the table's first row says,
 and where the full cache's identity probe is itself at chance the identity orderings are reported as
 undecidable (?) rather than held or failed; the closing line gives the full-cache model's own choice
@@ -73,8 +75,9 @@ def main() -> int:
     table, checks = readings(df, ident)
     lines = ["# Mask-level controls on a real model", "",
              f"`python benchmarks/mask_controls.py --model {args.model} --n {args.n}` — {env}; {sweep_text}.", "",
-             f"{args.n} `base` instances (contexts padded to ~320 tokens, 2 distractors, none unanswerable), agnostic regime, answer prefix `Answer:`. Presses at matched budgets "
-             "(per-head top-k: every (layer, KV head) keeps the same number of entries): "
+             f"{args.n} `base` instances (contexts padded to ~320 tokens, 2 distractors, none unanswerable), agnostic "
+             "regime, answer prefix `Answer:`. Presses at matched budgets (per-head top-k: every (layer, KV head) "
+             "keeps the same number of entries): "
              + ", ".join(f"`{p}`" for p in PRESSES) + ". Means over instances; the identity probe's 95% interval "
              "is its instance bootstrap; chance is the mean of 1 / (number of candidate values).", "",
              *_markdown(table), "", "Expected orderings:", ""]
@@ -116,7 +119,8 @@ def league(df: pd.DataFrame) -> tuple[list[str], list[tuple[str, bool | None]]]:
 
     lg = press_league(df, n_boot=1000)
     cols = [(c, h) for c, h in LEAGUE_TABLE_COLS if c not in ("model", "regime")]
-    lines = ["The report's press league over the controls (`kvroute.analysis.league.press_league`, as in the report):", "",
+    lines = ["The report's press league over the controls (`kvroute.analysis.league.press_league`, as in the "
+             "report):", "",
              "| " + " | ".join(h for _, h in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(str(SHORT.get(r[c], r[c]) if c == "press" else ("–" if pd.isna(r[c]) else r[c]))
                                for c, _ in cols) + " |" for _, r in lg.iterrows()]
@@ -223,11 +227,12 @@ def readings(df: pd.DataFrame, ident: pd.DataFrame) -> tuple[pd.DataFrame, list[
                 # when it is reversed beyond them (random and anti_oracle both at chance are expected to tie)
                 lo = {p: at(p, ratio, "identity_low") for p in ("oracle", "random", "anti_oracle")}
                 hi = {p: at(p, ratio, "identity_high") for p in ("oracle", "random", "anti_oracle")}
-                ok = hi["oracle"] >= lo["random"] and hi["random"] >= lo["anti_oracle"] and lo["oracle"] > hi["anti_oracle"]
-                text = (f"α = {ratio}: {label}: oracle {o:.3f} [{lo['oracle']:.3f}, {hi['oracle']:.3f}] ≥ random {r:.3f} "
-                        f"[{lo['random']:.3f}, {hi['random']:.3f}] ≥ anti_oracle {a:.3f} [{lo['anti_oracle']:.3f}, "
-                        f"{hi['anti_oracle']:.3f}] (95% intervals: fails only where reversed beyond them; oracle above "
-                        "anti_oracle beyond them)")
+                ok = (hi["oracle"] >= lo["random"] and hi["random"] >= lo["anti_oracle"]
+                      and lo["oracle"] > hi["anti_oracle"])
+                text = (f"α = {ratio}: {label}: oracle {o:.3f} [{lo['oracle']:.3f}, {hi['oracle']:.3f}] ≥ random "
+                        f"{r:.3f} [{lo['random']:.3f}, {hi['random']:.3f}] ≥ anti_oracle {a:.3f} "
+                        f"[{lo['anti_oracle']:.3f}, {hi['anti_oracle']:.3f}] (95% intervals: fails only where reversed "
+                        "beyond them; oracle above anti_oracle beyond them)")
             else:
                 ok = (sign * o >= sign * r >= sign * a) and sign * o > sign * a
                 text = f"α = {ratio}: {label}: oracle {o:.3f} {rel} random {r:.3f} {rel} anti_oracle {a:.3f}"

@@ -126,8 +126,9 @@ def main() -> int:
              "`uncalibrated` the first rule; `routed | correct` the layer-max share among the cells answered "
              "correctly; `layer (kind)` the most frequent winning column. Placebo rows: the evidence spans "
              "moved to another stretch of the document, so their `routed` share is the false-positive rate.", "",
-             "| press | ratio | cells | accuracy | GER | direct | routed | routed \\| correct | pooled | uncalibrated | "
-             "median z | median p | layer (kind) | undecided |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| press | ratio | cells | accuracy | GER | direct | routed | routed \\| correct | pooled "
+             "| uncalibrated | median z | median p | layer (kind) | undecided |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (press, ratio), rs in rows.items():
         zs = [r["routed_z"] for r in rs if r.get("routed_z") is not None]
         ps = [r["routed_p"] for r in rs if r.get("routed_p") is not None]
@@ -155,7 +156,8 @@ def main() -> int:
         lines += ["", f"False-positive rate on real attention (placebo rows, {len(fp)} cells of {n_placebo} instances, "
                   f"{args.placebos} stretches each): {sum(fp)}/{len(fp)} = {rate:.3f}, 95% instance-bootstrap interval "
                   f"[{lo:.3f}, {hi:.3f}], against the nominal 0.05."]
-    lines += ["", f"{secs:.0f} s for {len(tasks)} instances × {len(cells)} cells (+ {len(placebo_cells)} placebo cells)."]
+    lines += ["", f"{secs:.0f} s for {len(tasks)} instances × {len(cells)} cells "
+                  f"(+ {len(placebo_cells)} placebo cells)."]
     print("\n".join(lines))
     write(f"routed_controls_{Path(args.tasks).stem if args.tasks else args.family}", lines)
     return 0

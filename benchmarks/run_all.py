@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
-ORDER = ["load_speed", "equivalence", "grid_speed", "profile_grid", "metrics_overhead", "cell_batching", "context_scaling",
+ORDER = ["load_speed", "equivalence", "grid_speed", "profile_grid", "metrics_overhead", "cell_batching",
+         "context_scaling",
          "profile_capture",
          "bookkeeping", "planted_truth", "mask_controls", "startup"]
 

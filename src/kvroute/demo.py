@@ -16,9 +16,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvroute.progress import SILENT, Progress
+
+if TYPE_CHECKING:
+    from kvroute.models.loading import LoadedModel
+    from kvroute.tasks.instance import TaskInstance
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +85,7 @@ class DemoResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def _save_survival(run_dir: Path, lm: Any, instance: Any) -> Path:
+def _save_survival(run_dir: Path, lm: LoadedModel, instance: TaskInstance) -> Path:
     """One instance's keep-mask under the survival press and ratio, for the report's heatmap."""
     from kvroute.engine.prefill import ScoreRequest, prefill
     from kvroute.presses import build_press
@@ -91,10 +95,9 @@ def _save_survival(run_dir: Path, lm: Any, instance: Any) -> Path:
     prompt = build_prompt(lm.tokenizer, instance)
     press = build_press(SURVIVAL_PRESS)
     press.scorer.setup(lm.model)
-    req = ScoreRequest("s", press.scorer, press.selection,
-                       SURVIVAL_RATIO if press.scorer.ratio_dependent or press.selection.scores_per_ratio else None)
+    req = ScoreRequest.for_press(press, SURVIVAL_RATIO)
     pre = prefill(lm.model, prompt.context_ids, [req])
-    mask = press.keep_mask(pre.scores["s"], SURVIVAL_RATIO).mask.cpu().numpy()
+    mask = press.keep_mask(pre.scores[req.key], SURVIVAL_RATIO).mask.cpu().numpy()
     ev = [p for p in prompt.evidence_positions if p < prompt.n_context]
     ans = [p for p in prompt.answer_positions if p < prompt.n_context]
     tokens = [lm.tokenizer.decode([t]) for t in prompt.context_ids]
@@ -103,7 +106,7 @@ def _save_survival(run_dir: Path, lm: Any, instance: Any) -> Path:
                          SurvivalExample(mask, ev, tokens=tokens, answer=ans, title=title))
 
 
-def run_tickets(run_dir: Path, lm: Any, instances: Sequence[Any], *, max_evaluations: int = 120,
+def run_tickets(run_dir: Path, lm: LoadedModel, instances: Sequence[TaskInstance], *, max_evaluations: int = 120,
                 system_prompt: str | None = None, answer_prefix: str = "", progress: Progress = SILENT) -> int:
     """Search tickets for ``instances`` (skipping those the full cache answers wrongly); append to tickets.jsonl.
 

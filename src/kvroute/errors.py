@@ -127,7 +127,8 @@ CELL_ERRORS: tuple[type[BaseException], ...] = (KvrouteError, ValueError)
 
 
 def error_reason(e: BaseException, limit: int = 500) -> str:
-    """One line for a record's ``error`` field: ``"ExceptionType: message"`` (whitespace collapsed, cut at ``limit``)."""
+    """One line for a record's ``error`` field: ``"ExceptionType: message"`` (whitespace collapsed, cut at
+    ``limit``)."""
     text = " ".join(f"{type(e).__name__}: {e}".split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 

@@ -81,13 +81,13 @@ METRIC_FIELDS: dict[str, str] = {
                                "and query heads (null without a generated token)",
     "reachable": "bool: direct reachability (some layer/head keeps an evidence token with attention > ε)",
     "routed_reachable": "bool (calibrated, layer-max): per layer, the direct attention mass of the last prompt token "
-                        "onto the evidence and its routed read through the surviving entries (rollout over the prefill), "
-                        "each standardised against the null sources (mutually disjoint shifted copies of the evidence "
-                        "pattern, each source against the others: leave one out); the evidence's maximum over the 2L "
-                        "columns beats the nulls' own maxima: p = (1 + #null max ≥ evidence max) / (1 + null draws) ≤ "
-                        "route_alpha; None when the document holds too few disjoint null sources (fewer than 19 at "
-                        "the defaults, e.g. a 3-sentence passage). Stores made before the layer-max test held the "
-                        "pooled test here (the loader moves it to routed_reachable_pooled)",
+                        "onto the evidence and its routed read through the surviving entries (rollout over the "
+                        "prefill), each standardised against the null sources (mutually disjoint shifted copies of the "
+                        "evidence pattern, each source against the others: leave one out); the evidence's maximum over "
+                        "the 2L columns beats the nulls' own maxima: p = (1 + #null max ≥ evidence max) / (1 + null "
+                        "draws) ≤ route_alpha; None when the document holds too few disjoint null sources (fewer than "
+                        "19 at the defaults, e.g. a 3-sentence passage). Stores made before the layer-max test held "
+                        "the pooled test here (the loader moves it to routed_reachable_pooled)",
     "routed_p": "layer-max rank-test p-value (1 + #null max ≥ evidence max) / (1 + null draws)",
     "routed_z": "the evidence's largest standardised statistic over the 2L (layer, kind) columns",
     "routed_layer": "layer (1 … L) whose statistic gave routed_z (given with ≥ 2 null draws, also when undecided)",
@@ -109,7 +109,8 @@ METRIC_FIELDS: dict[str, str] = {
     "answer_tokens": "number of generated answer tokens",
     "hidden_cosine_last": "hidden_cosine at the last layer",
     "probe_features": "CONTROL (reads the question): last-prompt-token hidden state at probe_layer, the answer-type "
-                      "probe's input; the type follows from the never-compressed question, so it cannot see evidence loss",
+                      "probe's input; the type follows from the never-compressed question, so it cannot see evidence "
+                      "loss",
     "probe_layer": "layer (1 … L) whose hidden state is probe_features",
     "lens_gold_logprob_final": "logit lens at the last prompt token, last layer: log p of the gold answer's first "
                                "in-context token (= the model's own next-token log-prob)",
@@ -124,13 +125,14 @@ METRIC_FIELDS: dict[str, str] = {
                           "layer (1, 1/k on a k-way tie, else 0); null with fewer than 2 candidates",
     "lens_candidates_seq": "[n_candidates][L] sequence lens: per layer, the log-likelihood of each candidate value's "
                            "whole in-context token sequence teacher-forced after the prompt under the cell's mask (the "
-                           "final norm and unembedding applied to every layer's hidden states; last layer = the model's "
-                           "own log-likelihood), the gold first, then every distinct distractor (answer-identity probe input)",
+                           "final norm and unembedding applied to every layer's hidden states; last layer = the "
+                           "model's own log-likelihood), the gold first, then every distinct distractor "
+                           "(answer-identity probe input)",
     "lens_seq_n_candidates": "number of candidates in lens_candidates_seq (gold + every distinct distractor)",
-    "lens_seq_identity_top1": "the model's own choice: the gold's whole-sequence log-likelihood (last layer) beats every "
-                              "distractor's (1, 1/k on a k-way tie, else 0); null with fewer than 2 candidates",
-    "lens_gold_seq_logprob_final": "log-likelihood of the gold's whole in-context token sequence after the prompt under "
-                                   "the cell's mask (last layer of lens_candidates_seq)",
+    "lens_seq_identity_top1": "the model's own choice: the gold's whole-sequence log-likelihood (last layer) beats "
+                              "every distractor's (1, 1/k on a k-way tie, else 0); null with fewer than 2 candidates",
+    "lens_gold_seq_logprob_final": "log-likelihood of the gold's whole in-context token sequence after the prompt "
+                                   "under the cell's mask (last layer of lens_candidates_seq)",
     "consensus_nosink_mean": "mean over layers of consensus_nosink",
     "rho_nosink_mean": "mean over layers of rho_nosink",
 }
@@ -150,8 +152,9 @@ LAYER_FIELDS: dict[str, str] = {
     "evidence_mass_layer_full": "evidence_mass_layer with the full (uncompressed) cache",
     "ger_layer": "GER per layer: share of answer tokens evicted from every KV head of that layer",
     "hidden_cosine": "cosine of compressed vs full last-prompt-token hidden state per layer",
-    "lens_gold_logprob": "logit lens per layer ℓ = 1 … L at the last prompt token: log-softmax of unembed(final_norm(h_ℓ)) "
-                         "at the gold answer's first in-context token (last layer: the model's logits)",
+    "lens_gold_logprob": "logit lens per layer ℓ = 1 … L at the last prompt token: log-softmax of "
+                         "unembed(final_norm(h_ℓ)) at the gold answer's first in-context token (last layer: the "
+                         "model's logits)",
     "lens_gold_rank": "rank of the gold's first token under the logit lens per layer (0 = top-1)",
 }
 

@@ -54,6 +54,16 @@ class Registry(Generic[T]):
 
         return add if obj is None else add(obj)
 
+    def add(self, obj: T) -> T:
+        """Register ``obj`` under its own ``name`` attribute (a class that names itself); a decorator.
+
+        The name is written once, on the class, and read from there, so a class and its registry entry
+        cannot disagree."""
+        name = getattr(obj, "name", None)
+        if not isinstance(name, str) or not name:
+            raise KvrouteError(f"{obj!r} has no name attribute to register it by in the {self.kind} registry")
+        return self.register(name, obj)
+
     def get(self, name: str) -> T:
         if name in self._items:
             return self._items[name]

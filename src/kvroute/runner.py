@@ -4,52 +4,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvroute.engine import NO_PRESS, Cell, DecodeSettings, Engine, EngineResult
+from kvroute.engine.cell import NO_PRESS, Cell
+from kvroute.engine.engine import Engine, EngineResult
 from kvroute.engine.window import check_chars
 from kvroute.errors import CELL_ERRORS, ConfigError, error_reason
-from kvroute.metrics import DEFAULT_METRICS, METRICS, CellContext, MetricSettings
+from kvroute.metrics import METRICS, CellContext
 from kvroute.metrics.accessibility import EvidenceRollout, document_range
 from kvroute.metrics.representation import answer_candidates
 from kvroute.presses import build_press
+from kvroute.settings import RunSettings
 from kvroute.tasks.instance import IDK
 from kvroute.tasks.prompt import REGIMES, answer_ids, build_prompt
+
+if TYPE_CHECKING:
+    from kvroute.tasks.instance import TaskInstance
+    from kvroute.tasks.prompt import Prompt
 
 log = logging.getLogger(__name__)
 
 ABSTAIN_GOLD = IDK  # the gold of an unanswerable item
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """Everything that changes a record besides (model, instance, press, ratio, regime, seed)."""
-
-    max_new_tokens: int = 24
-    batch_size: int = 64
-    metrics: tuple[str, ...] = DEFAULT_METRICS
-    metric: MetricSettings = field(default_factory=MetricSettings)
-    system_prompt: str | None = None
-    answer_prefix: str = ""
-
-    def __post_init__(self) -> None:
-        for m in self.metrics:
-            METRICS.get(m)  # unknown names fail with suggestions
-
-    @property
-    def needs(self) -> frozenset[str]:
-        out: set[str] = set()
-        for m in self.metrics:
-            out |= METRICS.get(m).needs
-        return frozenset(out)
-
-    def decode_settings(self) -> DecodeSettings:
-        return DecodeSettings(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
-                              capture=bool(self.needs & {"attention", "hidden"}))
-
-
-def task_fields(instance: Any, prompt: Any) -> dict[str, Any]:
+def task_fields(instance: TaskInstance, prompt: Prompt | None) -> dict[str, Any]:
     """The instance's tags for its records; ``prompt`` None when the prompt itself could not be built."""
     located = prompt is not None and bool(prompt.answer_positions)
     return {
@@ -66,7 +44,7 @@ def task_fields(instance: Any, prompt: Any) -> dict[str, Any]:
     }
 
 
-def gold_ids(tokenizer: Any, instance: Any, prompt: Any) -> list[int]:
+def gold_ids(tokenizer: Any, instance: TaskInstance, prompt: Prompt) -> list[int]:
     """The gold answer's tokens as the model would write them after ``prompt`` (teacher-forced for gold_logprob).
 
     Its natural continuation (:func:`kvroute.tasks.prompt.answer_ids`): after the prompt's chat
@@ -77,8 +55,9 @@ def gold_ids(tokenizer: Any, instance: Any, prompt: Any) -> list[int]:
     return answer_ids(tokenizer, prompt, gold)
 
 
-def run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regime: str = "agnostic", seed: int = 0,
-                 settings: RunSettings = RunSettings(), model_name: str | None = None) -> list[dict[str, Any]]:
+def run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell], *, regime: str = "agnostic",
+                 seed: int = 0, settings: RunSettings = RunSettings(),
+                 model_name: str | None = None) -> list[dict[str, Any]]:
     """Prefill ``instance`` once under ``regime``, decode every cell, and return one record per cell.
 
     A cell that fails with one of :data:`kvroute.errors.CELL_ERRORS` (e.g. oracle on an item without
@@ -133,7 +112,7 @@ def error_record(cell: Cell, reason: str, *, model_name: str, regime: str, seed:
             "seconds_prefill": (seconds or {}).get("prefill"), "seconds_decode": (seconds or {}).get("decode")}
 
 
-def _run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regime: str, seed: int,
+def _run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell], *, regime: str, seed: int,
                   settings: RunSettings, model_name: str) -> list[dict[str, Any]]:
     lm = engine.lm
     # the cheap bound first: a huge context is refused before it is tokenised
@@ -162,7 +141,7 @@ def _run_instance(engine: Engine, instance: Any, cells: Sequence[Cell], *, regim
                                null_share=rollout.null_shares() if rollout else None, candidates=cands)
 
 
-def records_from_result(instance: Any, prompt: Any, result: EngineResult, *, regime: str, seed: int,
+def records_from_result(instance: TaskInstance, prompt: Prompt, result: EngineResult, *, regime: str, seed: int,
                         settings: RunSettings, model_name: str, group_size: int,
                         evidence_share: Any = None, null_share: Any = None,
                         candidates: Any = None) -> list[dict[str, Any]]:

@@ -79,7 +79,8 @@ def test_gold_logprob_is_the_natural_continuation(lm, kw):
         rec = run_instance(engine, inst, [Cell("none", 0.0)], settings=settings)[0]
         prompt = build_prompt(tok, inst, **kw)
         gold = "I don't know" if inst.unanswerable else inst.answers[0]
-        natural = tok(prompt.question_text + " " + gold, add_special_tokens=False)["input_ids"][len(prompt.question_ids):]
+        natural = tok(prompt.question_text + " " + gold,
+                      add_special_tokens=False)["input_ids"][len(prompt.question_ids):]
         assert rec["gold_logprob"] == pytest.approx(_teacher_forced(lm, prompt, natural), abs=1e-3)
 
 

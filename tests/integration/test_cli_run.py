@@ -33,7 +33,8 @@ def test_run_writes_one_record_per_cell_with_the_required_fields(tiny_folder, tm
     for r in recs:
         assert required <= set(r), required - set(r)
         assert set(KEY_FIELDS) - {"settings"} <= set(r)
-        assert len(r["consensus_nosink"]) == 3 and len(r["consensus_group_nosink"]) == 3 and len(r["hidden_cosine"]) == 3
+        assert (len(r["consensus_nosink"]) == 3 and len(r["consensus_group_nosink"]) == 3
+                and len(r["hidden_cosine"]) == 3)
         assert abs(r["kept_fraction"] - (1 - r["ratio"])) < 0.05
     missing = set(METRIC_FIELDS) - set(recs[0])
     assert not missing, missing

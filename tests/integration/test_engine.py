@@ -53,11 +53,13 @@ def test_ratio_zero_logits_match_plain_forward(setup):
 
 def test_batched_equals_one_by_one(setup):
     lm, prompt = setup
-    cells = [Cell(p, r) for p in ("knorm", "snapkv[window_size=8]", "expected_attention+adakv", "tova+pyramid[window_size=4]")
+    cells = [Cell(p, r)
+             for p in ("knorm", "snapkv[window_size=8]", "expected_attention+adakv", "tova+pyramid[window_size=4]")
              for r in (0.3, 0.6, 0.9)]
     gold = lm.tokenizer.encode(" Ferravik", add_special_tokens=False)
     batched = Engine(lm, DecodeSettings(max_new_tokens=10, keep_logits=True)).run(prompt, cells, gold_ids=gold)
-    single = Engine(lm, DecodeSettings(max_new_tokens=10, keep_logits=True, batch_size=1)).run(prompt, cells, gold_ids=gold)
+    single = Engine(lm, DecodeSettings(max_new_tokens=10, keep_logits=True, batch_size=1)).run(prompt, cells,
+                                                                                             gold_ids=gold)
     for a, b in zip(batched.outputs, single.outputs, strict=True):
         assert a.tokens == b.tokens
         torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=0)
@@ -123,8 +125,8 @@ def test_oracle_keeps_evidence_while_budget_allows(setup):
     evidence = list(range(10, 22))  # 12 tokens
     eng = Engine(lm, DecodeSettings(max_new_tokens=2))
     ratios = [0.2, 0.5, 0.8, 1 - 13 / T]
-    cells = [Cell(f"oracle[base={b}]+{s}", r) for b in ("knorm", "expected_attention") for s in ("per_head", "adakv", "shared")
-             for r in ratios]
+    cells = [Cell(f"oracle[base={b}]+{s}", r) for b in ("knorm", "expected_attention")
+             for s in ("per_head", "adakv", "shared") for r in ratios]
     res = eng.run(prompt, cells, evidence=evidence)
     for cell, m in zip(cells, res.masks, strict=True):
         assert bool(m.mask[:, :, evidence].all()), cell

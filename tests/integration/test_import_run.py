@@ -11,7 +11,8 @@ FILL = "The festival takes place every spring. "
 
 
 def test_located_and_evidence_none_instances_run(tmp_path):
-    rows = [{"context": FILL * 6 + "Alice Morgan was born in Ferravik. " + FILL * 6, "question": "Where was Alice born?",
+    rows = [{"context": FILL * 6 + "Alice Morgan was born in Ferravik. " + FILL * 6,
+             "question": "Where was Alice born?",
              "answer": ["ferravik"], "answer_prefix": "Answer:", "max_new_tokens": 4, "task": "qa"},
             {"context": FILL * 12, "question": "Where was Alice born?", "answer": ["Quenby"], "answer_prefix": "",
              "max_new_tokens": 4, "task": "qa"}]

@@ -78,7 +78,8 @@ def test_no_lens_ids_no_lens(lm):
 def _instance():
     ctx = CONTEXT
     s = ctx.index("Ferravik")
-    return TaskInstance.create(family="base", version=1, seed=None, context=ctx, question="Where was Alice Morgan born?",
+    return TaskInstance.create(family="base", version=1, seed=None, context=ctx,
+                               question="Where was Alice Morgan born?",
                                answers=["Ferravik"], unanswerable=False, answer_spans=[[s, s + 8]],
                                evidence_spans=[[0, ctx.index("1987") + 4]],
                                distractors=["Quenby", "Tobias Vell", "Northwind Company"], answer_type="Location",

@@ -29,7 +29,8 @@ n = {n}
 [decoding]
 max_new_tokens = 2
 """
-LINE = re.compile(r"^sweep tiny: (\d+) cells: (\d+)/(\d+) \((\d+)%\), [\d.]+ cells/(s|min), elapsed \d+:\d\d(, ETA \d+:\d\d)?$")
+LINE = re.compile(r"^sweep tiny: (\d+) cells: (\d+)/(\d+) \((\d+)%\), "
+                  r"[\d.]+ cells/(s|min), elapsed \d+:\d\d(, ETA \d+:\d\d)?$")
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,8 @@ def sweep(config_path, out, log, *args):
     env.pop("FORCE_COLOR", None), env.pop("FORCE_TERMINAL", None), env.pop("TTY_COMPATIBLE", None)
     flags = [a for a in args if a == "-v"]
     with open(log, "w") as err:
-        proc = subprocess.run([sys.executable, "-m", "kvroute.cli", *flags, "sweep", str(config_path), "--out", str(out),
-                               *[a for a in args if a != "-v"]],
+        proc = subprocess.run([sys.executable, "-m", "kvroute.cli", *flags, "sweep", str(config_path),
+                               "--out", str(out), *[a for a in args if a != "-v"]],
                               stdout=subprocess.PIPE, stderr=err, text=True, env=env, timeout=600)
     assert proc.returncode == 0, log.read_text()[-3000:]
     return log.read_text().splitlines()

@@ -175,7 +175,8 @@ def test_report_has_the_press_league_right_after_the_cliff(report):
     league = html[html.index('<section id="league">'):html.index('<section id="context">')]
     assert "matched budgets" in league and "Rows are ranked" in league.split("<table>")[0]  # how to read it, first
     assert "<th>safe ratio</th>" in league and "<th>α* [95% CI]</th>" in league
-    assert "<th>GER at the safe ratio [95% CI]</th>" in league and "<th>eviction effect within ratio [95% CI]</th>" in league
+    assert ("<th>GER at the safe ratio [95% CI]</th>" in league
+            and "<th>eviction effect within ratio [95% CI]</th>" in league)
     s = json.loads((path.parent / "summary.json").read_text())
     rows = s["press_league"]
     assert len(rows) == 2 * 3  # two models × three presses, the baseline not ranked

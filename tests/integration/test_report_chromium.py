@@ -55,8 +55,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 #: Chromium's own background services, which it calls whatever page it shows (seen with every flag above set);
 #: any other host in the proxy's log was asked for by the page
-CHROMIUM_SERVICES = {"clients2.google.com", "update.googleapis.com", "accounts.google.com", "clientservices.googleapis.com",
-                     "redirector.gvt1.com", "safebrowsingohttpgateway.googleapis.com", "optimizationguide-pa.googleapis.com"}
+CHROMIUM_SERVICES = {"clients2.google.com", "update.googleapis.com", "accounts.google.com",
+                     "clientservices.googleapis.com", "redirector.gvt1.com", "safebrowsingohttpgateway.googleapis.com",
+                     "optimizationguide-pa.googleapis.com"}
 
 # Reads the page's geometry after load and writes it, as JSON, into an attribute that --dump-dom shows.
 PROBE = """
@@ -90,7 +91,8 @@ window.addEventListener('load', function () {
     scrolling_tables: boxes.filter(b => b.scrollWidth > b.clientWidth + 1).length, tables: boxes.length,
     findings: box(document.getElementById('findings')), findings_list: box(document.querySelector('ul.findings')),
     cliff: box(document.querySelector('#fig-cliff img')),
-    first_section: (document.querySelector('section') || {}).id, last_section: Array.from(document.querySelectorAll('section')).pop().id,
+    first_section: (document.querySelector('section') || {}).id,
+    last_section: Array.from(document.querySelectorAll('section')).pop().id,
   }));
 });
 """
@@ -108,17 +110,20 @@ DEMO_PRESSES = ("expected_attention+adakv", "expected_attention+chunk[chunk_leng
 DEMO_MANIFEST = {
     "kvroute_manifest": 1, "name": "demo", "status": "complete", "started": "2026-12-03T06:20:03+00:00",
     "finished": "2026-12-03T07:15:47+00:00", "backend": "local",
-    "grid": {"cells": 3136, "units": 64, "cells_per_unit": 49, "models": ["smollm2-135m"], "presses": list(DEMO_PRESSES),
+    "grid": {"cells": 3136, "units": 64, "cells_per_unit": 49, "models": ["smollm2-135m"],
+             "presses": list(DEMO_PRESSES),
              "ratios": [0.0, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98], "regimes": ["agnostic"], "seeds": [0]},
     "task_files": [f"tasks/family-{i}-{'0123abcd' * 4}.jsonl" for i in range(10)],
-    "versions": {"python": "3.11.7", "kvroute": "0.1.0", "torch": "2.13.0+cpu", "transformers": "5.2.0", "kvpress": "0.5.5"},
+    "versions": {"python": "3.11.7", "kvroute": "0.1.0", "torch": "2.13.0+cpu", "transformers": "5.2.0",
+                 "kvpress": "0.5.5"},
     "git": {"commit": "1308fd7dbf15606ab80f370da4c640eecb2b9ac6", "dirty": True},
     "device": {"platform": "Linux-6.18-x86_64-with-glibc2.36", "machine": "x86_64", "cpu_count": 2, "torch_threads": 2,
                "cuda": False, "gpus": []},
     "config": {"name": "demo", "settings_hash": "1cecebb617766b74", "presses": list(DEMO_PRESSES),
                "tasks": [{"family": "long_context", "n": 6, "target_tokens": 1600, "note": "x" * 300}]},
     "sessions": [{"started": "2026-12-03T06:20:03+00:00", "finished": "2026-12-03T06:34:42+00:00", "backend": "local",
-                  "status": "complete", "cells_computed": 3136, "argv": ["demo"], "cells_errored": 0, "seconds": 878.8}],
+                  "status": "complete", "cells_computed": 3136, "argv": ["demo"], "cells_errored": 0,
+                  "seconds": 878.8}],
 }
 
 
@@ -156,7 +161,8 @@ def _without_csp(page: str) -> str:
 def _probe(report, tmp_path):
     """The page's geometry and state after load, at WIDTH×HEIGHT, from a copy with the probe script added."""
     copy = tmp_path / "probe.html"
-    copy.write_text(_without_csp(report.read_text(encoding="utf-8")).replace("</body>", f"<script>{PROBE}</script></body>"),
+    copy.write_text(_without_csp(report.read_text(encoding="utf-8"))
+                    .replace("</body>", f"<script>{PROBE}</script></body>"),
                     encoding="utf-8")
     run = _chromium(tmp_path, f"--window-size={WIDTH},{HEIGHT}", "--dump-dom", copy.as_uri())
     assert run.returncode == 0, run.stderr[-2000:]
@@ -239,7 +245,8 @@ def test_every_figure_loads_and_nothing_is_logged(report, tmp_path):
     assert [line for line in run.stderr.splitlines() if ":CONSOLE" in line] == []
     img = mpimg.imread(shot)  # [3000, 1200, 4] floats
     assert img.shape[:2] == (3000, 1200)
-    assert len(np.unique((img[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 500  # figures, not a blank page
+    # figures, not a blank page
+    assert len(np.unique((img[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 500
 
 
 def test_a_script_in_a_model_answer_stays_text(report, tmp_path):

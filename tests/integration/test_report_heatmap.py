@@ -16,7 +16,8 @@ def test_heatmap_from_arrays_counts_heads_per_layer_and_token():
     fig = survival_heatmap(keep, [4, 5], tokens=[f"w{i}" for i in range(10)], answer=[4], title="$x <i>")
     ax_a, ax_b = [ax for ax in fig.axes if ax.images]  # the two heatmaps (not their colour bars)
     np.testing.assert_array_equal(ax_b.images[0].get_array(), [[2, 1], [1, 1], [0, 1]])  # heads per (layer, token)
-    np.testing.assert_allclose(ax_a.images[0].get_array(), [[0.5, 1.0], [0.5, 0.5], [0.0, 0.5]])  # share per (layer, head)
+    # share per (layer, head)
+    np.testing.assert_allclose(ax_a.images[0].get_array(), [[0.5, 1.0], [0.5, 0.5], [0.0, 0.5]])
     assert [t.get_text() for t in ax_b.get_xticklabels()] == ["★w4", "w5"]
     assert "GER on the answer tokens = 0.33" in fig.get_suptitle()  # token 4 gone from every head of 1 of 3 layers
     assert png_bytes(fig)[:4] == b"\x89PNG"

@@ -122,7 +122,8 @@ def test_killed_sweep_resumes_to_exactly_the_uninterrupted_records(folder, confi
     assert got.keys() == want.keys()
     assert [k for k in want if got[k] != want[k]] == []
     sessions = read_manifest(run)["sessions"]
-    assert [s["status"] for s in sessions] == ["interrupted", "complete"] and sessions[1]["cells_computed"] == TOTAL - before
+    assert ([s["status"] for s in sessions] == ["interrupted", "complete"]
+            and sessions[1]["cells_computed"] == TOTAL - before)
     assert sessions[0]["stale"] is True  # the killed session, marked when the resume took the lock
 
 
@@ -179,10 +180,13 @@ def no_model_loads(monkeypatch):
 
 
 @pytest.mark.parametrize(("edit", "needle"), [
-    (("presses = [\"knorm\"", "presses = [\"knrom\""), r"presses\[0\] = 'knrom': unknown scorer 'knrom'; did you mean 'knorm'"),
+    (("presses = [\"knorm\"", "presses = [\"knrom\""),
+     r"presses\[0\] = 'knrom': unknown scorer 'knrom'; did you mean 'knorm'"),
     (("ratios = [0, 0.5, 0.9]", "ratios = [0, 0.5, 1.0]"), r"ratios\[2\] = 1.0: compression ratio must be in \[0, 1\)"),
-    (("family = \"base\"\nn = 10", "file = \"missing.jsonl\""), r"tasks\[0\].file = 'missing.jsonl': no such task file"),
-    (("family = \"base\"\nn = 10", "file = \"empty.jsonl\""), r"tasks\[0\]: gives no task instances, so the grid would be empty"),
+    (("family = \"base\"\nn = 10", "file = \"missing.jsonl\""),
+     r"tasks\[0\].file = 'missing.jsonl': no such task file"),
+    (("family = \"base\"\nn = 10", "file = \"empty.jsonl\""),
+     r"tasks\[0\]: gives no task instances, so the grid would be empty"),
     (("ratios = [0, 0.5, 0.9]", "ratios = []"), r"ratios = \[\]: is empty, so the grid would be empty"),
 ])
 def test_bad_input_fails_before_any_model_loads(folder, tmp_path, no_model_loads, edit, needle):

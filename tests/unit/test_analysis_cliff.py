@@ -14,8 +14,8 @@ GRID = np.array(RATIO_GRID)
 
 
 def _records(h_of_instance_ratio, n=50, ratios=RATIO_GRID, **tags) -> pd.DataFrame:
-    rows = [{"model": "m", "press": "p", "instance_id": f"i{i}", "ratio": r, "hallucinated": bool(h_of_instance_ratio(i, r)),
-             **tags} for i in range(n) for r in ratios]
+    rows = [{"model": "m", "press": "p", "instance_id": f"i{i}", "ratio": r,
+             "hallucinated": bool(h_of_instance_ratio(i, r)), **tags} for i in range(n) for r in ratios]
     return pd.DataFrame(rows)
 
 
@@ -116,7 +116,8 @@ def test_length_bins_group_nearby_lengths():
     t = pd.Series([500, 520, 1000, 1050, 2040, 260])
     bins = length_bins(t)
     assert bins.iloc[0] == bins.iloc[1] and bins.iloc[2] == bins.iloc[3] and bins.nunique() == 4
-    assert list(length_bins(t, edges=[0, 700, 5000]).unique()) == [500, 1050]  # medians of {260, 500, 520} and {1000, 1050, 2040}
+    # medians of {260, 500, 520} and {1000, 1050, 2040}
+    assert list(length_bins(t, edges=[0, 700, 5000]).unique()) == [500, 1050]
 
 
 def test_context_length_is_empty_without_the_family():
@@ -171,7 +172,8 @@ def test_the_grid_fitter_stays_in_the_unit_triangle_and_is_the_constrained_optim
 def _edge_records(n=60):
     # H = 0 up to 0.85, then 0.1, 0.5, 0.9 at 0.9, 0.95, 0.98: the midpoint sits next to 0.95, so a
     # good share of bootstrap replicates put it in the grid's last gap, where it is not identified
-    return _records(lambda i, r: (r >= 0.9 and i < 0.1 * n) or (r >= 0.95 and i < 0.5 * n) or (r >= 0.98 and i < 0.9 * n),
+    return _records(lambda i, r: ((r >= 0.9 and i < 0.1 * n) or (r >= 0.95 and i < 0.5 * n)
+                                  or (r >= 0.98 and i < 0.9 * n)),
                     n=n)
 
 
@@ -202,7 +204,8 @@ def test_the_headline_states_an_unidentified_interval_instead_of_a_number():
     # an identified cliff keeps its numeric interval, and the cross-check sits beside it
     ok = run_analysis(_records(lambda i, r: r >= (0.8 if i % 2 else 0.85), n=60).assign(family="base"),
                       AnalysisConfig(n_boot=200)).summary["headline"][0]
-    assert ok["alpha_star_identified"] == "identified" and ok["alpha_star_ci"][0] <= ok["alpha_star"] <= ok["alpha_star_ci"][1]
+    assert (ok["alpha_star_identified"] == "identified"
+            and ok["alpha_star_ci"][0] <= ok["alpha_star"] <= ok["alpha_star_ci"][1])
     assert ok["alpha_half"] is not None and ok["alpha_half_ci"] is not None
 
 

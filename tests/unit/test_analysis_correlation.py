@@ -49,7 +49,8 @@ def test_conditional_hallucination_on_hand_built_cells():
     kept = [{"ger_all_layers": 0.6, "hallucinated": i < 2} for i in range(20)]
     base = [{"ger_all_layers": 0.0, "hallucinated": True, "ratio": 0.0} for _ in range(5)]
     df = pd.DataFrame([{"model": "m", "press": "p", "instance_id": str(i), "ratio": 0.9, **c}
-                       for i, c in enumerate(ev + kept)] + [{"model": "m", "press": "p", "instance_id": "b", **c} for c in base])
+                       for i, c in enumerate(ev + kept)]
+                      + [{"model": "m", "press": "p", "instance_id": "b", **c} for c in base])
     t = conditional_hallucination(df).iloc[0]
     assert (t.n_evicted, t.n_kept) == (10, 20)
     assert t.p_h_evicted == pytest.approx(0.8) and t.p_h_kept == pytest.approx(0.1)
@@ -201,6 +202,7 @@ def test_undefined_eviction_is_never_counted_as_retained():
     holes = df.assign(ger_all_layers=df.ger_all_layers.mask(gone))
     w = within_ratio_link(holes, n_boot=100).iloc[0]
     kept = holes[(holes.ratio > 0) & holes.ger_all_layers.notna()]
-    ref = mh_risk_difference(kept.hallucinated.to_numpy(float), kept.ger_all_layers.to_numpy() >= 1, kept.ratio.to_numpy())
+    ref = mh_risk_difference(kept.hallucinated.to_numpy(float), kept.ger_all_layers.to_numpy() >= 1,
+                             kept.ratio.to_numpy())
     assert w.risk_difference == pytest.approx(ref[0]) and w.risk_difference != pytest.approx(full.risk_difference)
     assert w.slope == pytest.approx(full.slope) and w.n_evicted == full.n_evicted  # the slope uses ger, untouched

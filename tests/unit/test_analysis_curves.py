@@ -58,7 +58,8 @@ def _profile_records(profile, n=30, seed=0, cells_per_instance=1, noise=0.1):
         shift = rng.normal(0, noise)  # instance noise shared by the instance's cells and layers
         for c in range(cells_per_instance):
             rows.append({"model": "m", "press": "none", "instance_id": f"i{i}", "ratio": 0.0, "seed": c,
-                         "consensus_nosink": (np.asarray(profile) + shift + rng.normal(0, 0.02, len(profile))).tolist()})
+                         "consensus_nosink": (np.asarray(profile) + shift
+                                              + rng.normal(0, 0.02, len(profile))).tolist()})
     return pd.DataFrame(rows)
 
 

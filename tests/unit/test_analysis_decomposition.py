@@ -152,4 +152,5 @@ def test_summary_reports_the_outcome_rule_and_the_undefined_class():
     assert (top.n_undefined > 0).all()
     assert (top.n_erasure + top.n_retained + top.n_undefined == top.n_failures).all()
     for c in ("erasure", "retained", "undefined"):
-        assert (top[f"{c}_share_low"] <= top[f"{c}_share"]).all() and (top[f"{c}_share"] <= top[f"{c}_share_high"]).all()
+        assert ((top[f"{c}_share_low"] <= top[f"{c}_share"]).all()
+                and (top[f"{c}_share"] <= top[f"{c}_share_high"]).all())

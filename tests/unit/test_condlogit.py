@@ -26,7 +26,8 @@ def _problem(rng: np.random.Generator, n: int, K: int) -> list[np.ndarray]:
 
 def _scipy(feats: list[np.ndarray], l2: float, nonnegative: bool,
            **options: float) -> tuple[np.ndarray, Callable[[np.ndarray], float]]:
-    """The standardised problem by L-BFGS-B (the solver this replaced): weights on the raw scale, and the objective of raw weights."""
+    """The standardised problem by L-BFGS-B (the solver this replaced): weights on the raw scale, and the objective
+    of raw weights."""
     X, M = pad(feats)
     sd = X[M].std(0)
     sd = np.where(sd > 0, sd, 1.0)

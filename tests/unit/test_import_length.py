@@ -94,9 +94,9 @@ def test_raw_prompt_is_kvpress_exact(tok, tmp_path):
 
 
 def test_hub_offline_fails_at_once_pointing_to_local_files(monkeypatch):
-    import kvroute.models.loading as loading
+    import kvroute.hub as hub
 
-    monkeypatch.setattr(loading, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(NetworkError) as e:
         import_tasks("simonjegou/ruler", ImportOptions(config="4096", split="test"))
     msg = str(e.value)

@@ -1,5 +1,7 @@
 import json
-import time
+import socket
+import threading
+import traceback
 
 import pytest
 import torch
@@ -20,12 +22,31 @@ def test_unknown_model_lists_zoo_with_closest():
 
 
 def test_hub_id_offline_fails_at_once_naming_pull(monkeypatch, tmp_path):
+    """Offline (HF_HUB_OFFLINE set after huggingface_hub was imported, as in a long-lived process): the load
+    fails without any attempt at the network, so it cannot wait for a timeout."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # what it read when imported, before the variable
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    t0 = time.perf_counter()
+    tried: list[str] = []  # offline means no attempt at the network at all (so it fails at once, not after a timeout)
+
+    me = threading.get_ident()  # (a thread an earlier test left behind may use the network: not this load)
+
+    def refuse(what):
+        def call(*args, **kwargs):
+            if threading.get_ident() == me:
+                tried.append(what + ":\n" + "".join(traceback.format_stack(limit=30)))
+            raise OSError(f"test: no {what} offline")
+        return call
+
+    monkeypatch.setattr(socket, "create_connection", refuse("create_connection"))
+    monkeypatch.setattr(socket, "getaddrinfo", refuse("getaddrinfo"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("connect"))
     with pytest.raises(ModelLoadError) as e:
         load_model("some-org/some-model-that-is-not-cached")
-    assert time.perf_counter() - t0 < 30
+    assert tried == [], "\n".join(tried)
     msg = str(e.value)
     assert "kvroute models pull" in msg and "local folder" in msg
     assert "\n" not in msg

@@ -74,7 +74,8 @@ def test_slow_rates_per_minute_large_counts_shortened_and_indeterminate_stages()
     with p.task("loading model", total=None) as t:
         clock.t += 3725
         t.tick()
-    assert lines(out)[-3:] == ["loading model: started", "loading model: elapsed 1:02:05", "loading model: done in 1:02:05"]
+    assert lines(out)[-3:] == ["loading model: started", "loading model: elapsed 1:02:05",
+                               "loading model: done in 1:02:05"]
 
 
 def test_a_stage_that_raises_says_where_it_stopped():

@@ -53,3 +53,26 @@ def test_suggest_nothing_close():
 def test_unknown_name_with_nothing_close_is_still_a_sentence():
     msg = str(UnknownNameError("backend", "spark", ["local", "ray"], hint="(ray needs a cluster)"))
     assert msg == "unknown backend 'spark'. Known backends: local, ray. (ray needs a cluster)"
+
+
+def test_add_registers_a_class_by_its_own_name():
+    reg: Registry[type] = Registry("scorer")
+
+    @reg.add
+    class Snap:
+        name = "snapkv"
+
+    assert reg.get("snapkv") is Snap
+    with pytest.raises(KvrouteError, match="no name attribute"):
+        reg.add(type("Nameless", (), {}))
+    with pytest.raises(KvrouteError, match="registered twice"):
+        reg.add(type("Again", (), {"name": "snapkv"}))
+
+
+def test_every_registered_class_is_registered_under_its_own_name():
+    from kvroute.presses import SCORERS, SELECTIONS
+    from kvroute.tasks import FAMILIES
+
+    for registry in (SCORERS, SELECTIONS, FAMILIES):
+        for key, obj in registry.items():
+            assert getattr(obj, "name", key) == key, (registry.kind, key)

@@ -11,7 +11,8 @@ ROW = {"model": "m", "press": "snapkv", "regime": "agnostic", "alpha_star": 0.71
 
 def test_a_cliff_in_words_carries_each_interval():
     assert cliff_sentence(ROW) == ("cliff at α* = 0.712 [0.650, 0.780]; halfway crossing 0.700 [0.50, 0.85]; "
-                                   "safe ratio 0.25; evicting the answer at the same ratio: raises H, OR 2.25 [1.45, 11.35]")
+                                   "safe ratio 0.25; evicting the answer at the same ratio: "
+                                   "raises H, OR 2.25 [1.45, 11.35]")
 
 
 def test_an_open_interval_says_which_end_is_not_identified():
@@ -41,8 +42,8 @@ def test_findings_label_regimes_only_when_there_are_several_and_escape_names():
 
 def test_manifest_list_reads_versions_commit_device_and_timings():
     m = {"name": "demo", "status": "complete", "versions": {"torch": "2.13.0", "kvpress": "0.5.5"},
-         "git": {"commit": "1308fd7", "dirty": True}, "device": {"platform": "Linux", "cpu_count": 2, "torch_threads": 2,
-                                                               "cuda": False, "gpus": []},
+         "git": {"commit": "1308fd7", "dirty": True},
+         "device": {"platform": "Linux", "cpu_count": 2, "torch_threads": 2, "cuda": False, "gpus": []},
          "sessions": [{"started": "t0", "finished": "t1", "status": "complete", "cells_computed": 10, "seconds": 300,
                        "backend": "local", "argv": ["demo"]}, {"started": "t2", "seconds": 30.5}],
          "extra": "<i>x</i>"}

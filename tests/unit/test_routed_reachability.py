@@ -235,8 +235,9 @@ def test_with_no_signal_the_false_positive_rate_stays_near_the_level(exchangeabl
     """Nothing singles the evidence out, so the calibrated test fires at about route_alpha (≤ 10% over 200
     plants at α = 0.05); the former rule fires almost always."""
     decided, fpr, fpr_pooled, fpr_old = _planted_nulls(200, 4, 4, 2, 6, 16, 200, exchangeable=exchangeable)
-    print(f"\nfalse-positive rate at α = 0.05 over {decided} planted nulls ({'exchangeable' if exchangeable else 'runner'}"
-          f" nulls): layer-max {fpr:.3f}, pooled {fpr_pooled:.3f}, uncalibrated {fpr_old:.3f}")
+    print(f"\nfalse-positive rate at α = 0.05 over {decided} planted nulls "
+          f"({'exchangeable' if exchangeable else 'runner'} nulls): layer-max {fpr:.3f}, pooled {fpr_pooled:.3f}, "
+          f"uncalibrated {fpr_old:.3f}")
     assert decided >= 190
     assert fpr <= 0.10 and fpr_pooled <= 0.10
     assert fpr_old >= 0.9

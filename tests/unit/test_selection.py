@@ -6,6 +6,7 @@ import torch
 from kvroute.errors import ConfigError, EngineError
 from kvroute.presses import build_selection
 from kvroute.presses.selection.adakv import adakv_layer
+from kvroute.presses.selection.base import FULL, ScoreVariant
 from kvroute.presses.selection.pyramid import pyramid_budgets
 from kvroute.presses.selection.routes import routes_layer
 
@@ -88,5 +89,19 @@ def test_press_tells_chunk_its_scorers_minimum():
     from kvroute.presses import build_press
 
     p = build_press("expected_attention+chunk[chunk_length=128]")
-    assert p.selection.score_variant() == ("chunk", 128, 5)  # n_sink=4: kvpress needs more than 4 tokens
+    assert p.selection.score_variant() == ScoreVariant("chunk", (128, 5))  # n_sink=4: kvpress needs more than 4
     assert p.name == "expected_attention+chunk[chunk_length=128]"
+    assert build_press("expected_attention+chunk[rescore=false]").selection.score_variant() == FULL
+    assert build_press("knorm+block[block_size=8]").selection.score_variant() == ScoreVariant("block", (8,))
+
+
+def test_equal_presses_share_one_score_request_and_others_do_not():
+    from kvroute.engine.prefill import ScoreRequest
+    from kvroute.presses import build_press
+
+    a = ScoreRequest.for_press(build_press("expected_attention"), 0.5)
+    assert a.key == ScoreRequest.for_press(build_press("expected_attention+adakv"), 0.9).key  # both whole-context
+    assert a.key != ScoreRequest.for_press(build_press("expected_attention+chunk[chunk_length=64]"), 0.5).key
+    assert a.key.ratio is None  # expected attention does not read the ratio
+    c = ScoreRequest.for_press(build_press("compactor"), 0.5)  # blending = the ratio: scored per ratio
+    assert c.key.ratio == 0.5 and c.key != ScoreRequest.for_press(build_press("compactor"), 0.9).key

@@ -230,13 +230,13 @@ def interval_statement(point: float | None, status: str, iv: dict[str, object], 
     if state == "closed":
         return "identified", f"[{iv['low']:.3f}, {iv['high']:.3f}]{closed_note}"
     if state == "open_above":
-        return "open_above", (f"[{iv['low']:.3f}, open): the upper end is not identified — {beyond} of replicates beyond "
-                              f"the grid (α > {x[-1]:g}), {none} without a cliff")
+        return "open_above", (f"[{iv['low']:.3f}, open): the upper end is not identified — {beyond} of replicates "
+                              f"beyond the grid (α > {x[-1]:g}), {none} without a cliff")
     if state == "open_below":
-        return "open_below", (f"(open, {iv['high']:.3f}]: the lower end is not identified — {below} of replicates below "
-                              f"the grid (α < {x[0]:g}), {none} without a cliff")
-    return "not identified", (f"not identified: the {confidence:.0%} interval is open at both ends ({below} of replicates "
-                              f"below the grid, {beyond} beyond it, {none} without a cliff)")
+        return "open_below", (f"(open, {iv['high']:.3f}]: the lower end is not identified — {below} of replicates "
+                              f"below the grid (α < {x[0]:g}), {none} without a cliff")
+    return "not identified", (f"not identified: the {confidence:.0%} interval is open at both ends ({below} of "
+                              f"replicates below the grid, {beyond} beyond it, {none} without a cliff)")
 
 
 def susceptibility(ratios: np.ndarray, h: np.ndarray) -> np.ndarray:

@@ -39,7 +39,8 @@ def _split(press: str) -> tuple[str, str]:
     return scorer, selection or "per_head"
 
 
-def press_pairs(presses: Sequence[str], target: str = TARGET, baselines: Sequence[str] = BASELINES) -> list[tuple[str, str]]:
+def press_pairs(presses: Sequence[str], target: str = TARGET,
+                baselines: Sequence[str] = BASELINES) -> list[tuple[str, str]]:
     """(baseline press, target press) pairs sharing a scorer, e.g. (``ea+adakv``, ``ea+routes``)."""
     by = {_split(p): p for p in presses if p != BASELINE_PRESS}
     pairs = []

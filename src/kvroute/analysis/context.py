@@ -139,4 +139,5 @@ def _verdict(fitted: list[dict], reps_by_len: dict[int, np.ndarray], confidence:
         verdict, why = "between", "the critical budget grows with T, but less than proportionally"
     else:
         verdict, why = "inconclusive", "the elasticity's interval does not separate the two laws"
-    return {**out, "verdict": verdict, "reason": f"{why} (β = {out['beta']:.2f}, {confidence:.0%} CI {lo:.2f}–{hi:.2f})"}
+    return {**out, "verdict": verdict,
+            "reason": f"{why} (β = {out['beta']:.2f}, {confidence:.0%} CI {lo:.2f}–{hi:.2f})"}

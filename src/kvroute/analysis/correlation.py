@@ -16,9 +16,9 @@ whole answer is gone everywhere), and its information is used by the risk differ
 Strata where every cell has the same H, or the same GER, say nothing about β (their intercept
 absorbs them) and are left out of the fit; the counts of cells, instances and strata used are reported.
 The fit is Newton–Raphson on the log-likelihood with a light ridge (``RIDGE/2 · β²``, and a far
-lighter ``INTERCEPT_RIDGE`` on the intercepts) so that separated data give finite numbers; separation is flagged when a refit with a 100× lighter
-ridge moves the slope by more than 5% (without separation the maximum-likelihood slope exists and
-the ridge barely moves it).
+lighter ``INTERCEPT_RIDGE`` on the intercepts) so that separated data give finite numbers; separation is flagged
+when a refit with a 100× lighter ridge moves the slope by more than 5% (without separation the
+maximum-likelihood slope exists and the ridge barely moves it).
 
 The **stratified risk difference** P(H | evicted) − P(H | retained) uses "globally evicted" =
 ``ger_all_layers >= threshold`` (the same definition as the failure decomposition; at the default
@@ -101,7 +101,8 @@ def correlate(x: Sequence[float], y: Sequence[float]) -> dict[str, object]:
 
 
 def ger_hallucination_correlation(df: pd.DataFrame, *, ger_col: str = "ger", value_col: str = "hallucinated",
-                                  keys: Sequence[str] = CURVE_KEYS, pool_families: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                                  keys: Sequence[str] = CURVE_KEYS,
+                                  pool_families: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pooled (curve-level) correlation of mean GER and hallucination rate across the ratio grid, per group.
 
     Confounded by α by construction (see the module docstring); the within-ratio reading is
@@ -116,7 +117,8 @@ def ger_hallucination_correlation(df: pd.DataFrame, *, ger_col: str = "ger", val
         data = pooled(data)
     data = data.assign(_g=pd.to_numeric(data[ger_col], errors="coerce"),
                        _h=pd.to_numeric(data[value_col], errors="coerce").astype(float))
-    points = (data.groupby([*keys, "ratio"], sort=True).agg(ger=("_g", "mean"), h=("_h", "mean"), n_cells=("_h", "count"))
+    points = (data.groupby([*keys, "ratio"], sort=True)
+              .agg(ger=("_g", "mean"), h=("_h", "mean"), n_cells=("_h", "count"))
               .reset_index())
     rows = [{**as_key(keys, key), **correlate(g["ger"], g["h"])} for key, g in points.groupby(keys, sort=True)]
     return points, pd.DataFrame(rows)
@@ -213,7 +215,8 @@ def mh_risk_difference(h: np.ndarray, evicted: np.ndarray, strata: np.ndarray, w
 
 def _strata_informative(y: np.ndarray, x: np.ndarray, s: np.ndarray, clusters: np.ndarray,
                         w: np.ndarray) -> np.ndarray:
-    """Per row of cluster weights ``w`` ``[B, C]``: whether some stratum has both H values and more than one GER value."""
+    """Per row of cluster weights ``w`` ``[B, C]``: whether some stratum has both H values and more than one GER
+    value."""
     n_s = int(s.max()) + 1
     n, n1, sx, sxx = (w @ _cluster_stratum_sums(v, clusters, s, n_s, w.shape[1])
                       for v in (np.ones_like(y), y, x, x * x))
@@ -277,7 +280,8 @@ def _within_one(g: pd.DataFrame, by_family: bool, has_ev: bool, *, n_boot: int, 
     out: dict[str, object] = dict.fromkeys(WITHIN_COLUMNS)
     n_undef = int(g["_g"].isna().sum())
     g = g[g["_g"].notna()]
-    stratum = (g["ratio"].map("{:g}".format) + "|" + g["_fam"].astype(str)) if by_family else g["ratio"].map("{:g}".format)
+    stratum = ((g["ratio"].map("{:g}".format) + "|" + g["_fam"].astype(str)) if by_family
+               else g["ratio"].map("{:g}".format))
     out.update(n_undefined=n_undef, n_cells=len(g), n_instances=int(g["instance_id"].nunique()),
                n_strata=int(stratum.nunique()), strata="ratio × family" if by_family else "ratio",
                n_hallucinated=int(g["_h"].sum()), n_evicted=int((g["_ev"] > 0.5).sum()) if has_ev else None)
@@ -402,7 +406,8 @@ def conditional_hallucination(df: pd.DataFrame, *, threshold: float = GLOBAL_EVI
         p1 = a / (a + b) if a + b else None
         p0 = c / (c + d) if c + d else None
         fisher = float(stats.fisher_exact([[a, b], [c, d]])[1]) if (a + b) and (c + d) else None
-        strata = g["ratio"].astype(str) + ("|" + g["_fam"].astype(str) if families > 1 and k.get("family") == ALL else "")
+        strata = g["ratio"].astype(str) + ("|" + g["_fam"].astype(str)
+                                           if families > 1 and k.get("family") == ALL else "")
         both = pd.DataFrame({"s": strata.to_numpy(), "e": ev}).groupby("s")["e"].agg(["min", "max"])
         rows.append({**k, "n_evicted": a + b, "p_h_evicted": p1, "n_kept": c + d, "p_h_kept": p0,
                      "difference": None if p1 is None or p0 is None else p1 - p0,

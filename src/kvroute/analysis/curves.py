@@ -34,7 +34,8 @@ from kvroute.analysis.common import (
     stack_vectors,
 )
 
-_MEANS = {"ger": "ger", "ger_evidence": "ger_evidence", "reachable": "reachability", "routed_reachable": "routed_reachability",
+_MEANS = {"ger": "ger", "ger_evidence": "ger_evidence", "reachable": "reachability",
+          "routed_reachable": "routed_reachability",
           "f1": "f1", "exact": "exact", "gold_logprob_delta": "logprob_delta", "hallucinated": "hallucination",
           "evidence_attention_mass": "_mass", "evidence_attention_mass_full": "_mass_full"}
 
@@ -100,7 +101,8 @@ def _instance_sums(g: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
     return sums, counts
 
 
-def _group_means(g: pd.DataFrame, col: str, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+def _group_means(g: pd.DataFrame, col: str, n_boot: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
     """The mean per-layer vector over the group's cells, ``n_boot`` instance-bootstrap replicates of it
     (``[n_boot, L]``: instances resampled with replacement, each with all its cells), and the instance count."""
     sums, counts = _instance_sums(g, col)
@@ -168,7 +170,8 @@ def trend_label(change: float, low: float, high: float, min_change: float) -> st
 
 
 def profile_trend(df: pd.DataFrame, col: str = CONSENSUS_COL, *, keys: Sequence[str] = PRESS_KEYS,
-                  n_boot: int = 1000, confidence: float = 0.95, seed: int = 0, min_change: float = 0.02) -> pd.DataFrame:
+                  n_boot: int = 1000, confidence: float = 0.95, seed: int = 0,
+                  min_change: float = 0.02) -> pd.DataFrame:
     """Where the heads agree, per (group, ratio): early (first third of the layers) against late (last third).
 
     Columns: the keys, ``ratio``, ``measure`` (= ``col``), ``n_layers``, ``early``, ``late``,

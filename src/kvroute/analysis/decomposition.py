@@ -146,7 +146,8 @@ def failure_decomposition(df: pd.DataFrame, *, ger_threshold: float = 1.0, keys:
     return pd.DataFrame(rows)
 
 
-def _matched_means(vf: np.ndarray, vs: np.ndarray, bf: np.ndarray, bs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+def _matched_means(vf: np.ndarray, vs: np.ndarray, bf: np.ndarray,
+                   bs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Failure-weighted means over GER bins present in both groups: ``(fail [L], success [L], n_f, n_s)``."""
     width = max(vf.shape[1] if vf.size else 0, vs.shape[1] if vs.size else 0)
     num_f, num_s, wsum, nf, ns = np.zeros(width), np.zeros(width), 0.0, 0, 0

@@ -178,7 +178,8 @@ def _row(c: dict[str, Any], family: str, ger: dict[tuple[str, ...], dict[str, An
                ger_at_safe_high=_num(g["ci_high"]) if g else None,
                ger_at_safe_instances=int(g["n_instances"]) if g else None,
                ger_at_safe_text=undecided or _ger_text(g, safe, ev is not None))
-    w = None if ev is None else ev[(ev["model"] == c["model"]) & (ev["press"] == c["press"]) & (ev["regime"] == c["regime"])]
+    w = None if ev is None else ev[(ev["model"] == c["model"]) & (ev["press"] == c["press"])
+                                   & (ev["regime"] == c["regime"])]
     wr = w.iloc[0].to_dict() if w is not None and not w.empty else {}
     out.update(eviction_verdict=wr.get("verdict"),
                **{f"eviction_{k}": _num(wr.get(k)) for k in ("or_per_tenth", "or_per_tenth_low", "or_per_tenth_high",
@@ -245,7 +246,8 @@ def _ger_text(g: dict[str, Any] | None, safe: float | None, has_ger: bool) -> st
 
 def _eviction_text(w: dict[str, Any], has_link: bool) -> str:
     if not w:
-        return "– (no within-ratio GER test: the records carry no GER)" if not has_link else "– (no within-ratio fit for this press)"
+        return ("– (no within-ratio GER test: the records carry no GER)" if not has_link
+                else "– (no within-ratio fit for this press)")
     verdict = str(w.get("verdict"))
     o, olo, ohi = (_num(w.get(k)) for k in ("or_per_tenth", "or_per_tenth_low", "or_per_tenth_high"))
     d, dlo, dhi = (_num(w.get(k)) for k in ("risk_difference", "risk_difference_low", "risk_difference_high"))
@@ -254,7 +256,8 @@ def _eviction_text(w: dict[str, Any], has_link: bool) -> str:
     if verdict in ("too few data", "no data"):
         return f"undecided ({verdict}): {w.get('note')}"
     if verdict.endswith("(separated)"):
-        return f"{verdict}: GER separates H, so the odds ratio is held finite only by the ridge" + (f"; {rd}" if rd else "")
+        return (f"{verdict}: GER separates H, so the odds ratio is held finite only by the ridge"
+                + (f"; {rd}" if rd else ""))
     if verdict == "undecided":
         return "undecided: the interval spans no effect" + "".join(f"; {p}" for p in (odds, rd) if p)
     return verdict + (": " + "; ".join(p for p in (odds, rd) if p) if odds or rd else "")

@@ -1,11 +1,11 @@
 """Reading records for analysis: a run directory's SQLite store, or a Parquet/CSV/JSONL export.
 
 The run store is owned by :mod:`kvroute.sweep`; this module is the *only* place the analysis
-reads it, so when the store's layout changes only :func:`_read_sqlite` has to follow. The layout
-assumed here: ``RUN_DIR/store.sqlite`` holds a table ``records`` whose columns are the field
-names of :mod:`kvroute.records`, with per-layer vectors as JSON text or float32 blobs (a
-``columns`` table, when present, names each column's kind and :func:`kvroute.sweep.store.decode_columns`
-decodes them); ``RUN_DIR/manifest.json`` holds the run manifest.
+reads it. Names, column kinds and the decoding of values are :mod:`kvroute.record_format`'s (the
+store encodes with the same module): ``RUN_DIR/store.sqlite`` holds a table ``records`` whose
+columns are the field names of :mod:`kvroute.records` (a ``columns`` table, when present, names
+each column's kind and :func:`kvroute.sweep.store.decode_columns` decodes them; files without kinds
+are decoded by field name); ``RUN_DIR/manifest.json`` holds the run manifest.
 """
 
 from __future__ import annotations
@@ -18,16 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvroute.analysis.common import AnalysisError
 from kvroute.errors import StoreError
-from kvroute.records import LAYER_FIELDS, RENAMED_FIELDS
+from kvroute.record_format import BOOL_FIELDS, STORE_NAME, TABLE, VECTOR_FIELDS, decode_bool, decode_list
+from kvroute.records import RENAMED_FIELDS
 
-STORE_NAME = "store.sqlite"
 MANIFEST_NAME = "manifest.json"
-TABLE = "records"
-#: columns holding lists of floats (besides the per-layer fields of kvroute.records)
-VECTOR_FIELDS: tuple[str, ...] = (*LAYER_FIELDS, "probe_features")
-BOOL_FIELDS: tuple[str, ...] = ("hallucinated", "reachable", "routed_reachable", "routed_reachable_pooled", "unanswerable")
 _FILE_SUFFIXES = (".parquet", ".csv", ".jsonl", ".ndjson", ".sqlite", ".db")
 
 
@@ -174,31 +169,6 @@ def _read_sqlite(path: Path) -> pd.DataFrame:
         con.close()
 
 
-def _decode_vector(v: object) -> object:
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return np.frombuffer(bytes(v), dtype=np.float32).astype(float).tolist()
-    if isinstance(v, str):
-        s = v.strip()
-        if not s:
-            return None
-        try:
-            out = json.loads(s)
-        except json.JSONDecodeError as e:
-            raise AnalysisError(f"a vector column holds text that is not a JSON list: {s[:60]!r}") from e
-        return out
-    if isinstance(v, np.ndarray):
-        return v.astype(float).tolist()
-    return v
-
-
-def _plain_list(v: object) -> object:
-    if isinstance(v, np.ndarray):
-        return [_plain_list(x) for x in v.tolist()] if v.dtype == object else v.tolist()
-    if isinstance(v, list):
-        return [_plain_list(x) for x in v]
-    return v
-
-
 def rename_legacy_fields(df: pd.DataFrame) -> pd.DataFrame:
     """Records with the field names of :data:`kvroute.records.RENAMED_FIELDS` mapped to today's.
 
@@ -257,13 +227,12 @@ def _decode(df: pd.DataFrame) -> pd.DataFrame:
     df.attrs = {**df.attrs, ERRORS_ATTR: error_groups(errored)}
     for col in VECTOR_FIELDS:
         if col in df.columns and df[col].dtype == object:
-            df[col] = [_decode_vector(v) for v in df[col]]
+            df[col] = [decode_list(v) for v in df[col]]
     for col in df.columns:  # other list columns (Parquet gives numpy arrays): plain lists, as the store holds them
         if col not in VECTOR_FIELDS and df[col].dtype == object and any(isinstance(v, np.ndarray) for v in df[col]):
-            df[col] = [_plain_list(v) for v in df[col]]
+            df[col] = [decode_list(v) for v in df[col]]
     for col in BOOL_FIELDS:
         if col in df.columns and df[col].dtype != bool:
-            s = df[col].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))
-                            else str(v).strip().lower() in ("1", "1.0", "true", "yes"))
+            s = df[col].map(decode_bool)
             df[col] = s.astype("boolean") if s.isna().any() else s.astype(bool)
     return df

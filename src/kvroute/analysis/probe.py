@@ -12,7 +12,8 @@ Two probes of the last prompt token, which predicts the first answer token:
   — softmax over one instance's candidates of ``w · x_c``, with a few weights shared by all
   candidates and instances (``x_c``: the candidate's lens log-prob averaged over ``bins``
   contiguous depth bins, weights ≥ 0 so that only "more likely" can mean "the answer") — is
-  fitted across instances and scored out of fold (instance-grouped folds). Its accuracy is compared with chance, the mean of 1 / n_candidates, with a bootstrap
+  fitted across instances and scored out of fold (instance-grouped folds). Its accuracy is compared
+  with chance, the mean of 1 / n_candidates, with a bootstrap
   interval over instances; the untrained readout (the last layer's argmax over candidates, i.e.
   the model's own preference among the values) is reported beside it. Everything the question
   alone reveals (the type, the wording) is shared by all candidates of an instance and cancels in
@@ -129,7 +130,8 @@ def probe_by_ratio(df: pd.DataFrame, feature_col: str = "probe_features", label_
         counts = labels.value_counts()
         rare = counts[counts < folds]
         if len(rare) and len(counts) - len(rare) >= 2:
-            row["note"] = "left out classes rarer than the fold count: " + ", ".join(f"{c} ({n})" for c, n in rare.items())
+            row["note"] = ("left out classes rarer than the fold count: "
+                           + ", ".join(f"{c} ({n})" for c, n in rare.items()))
             g, labels = g[~labels.isin(rare.index)], labels[~labels.isin(rare.index)]
         row["n_classes"] = int(labels.nunique())
         X = stack_vectors(g[feature_col])
@@ -203,7 +205,8 @@ def _bootstrap_mean(values: np.ndarray, groups: np.ndarray, n_boot: int, confide
     counts = np.bincount(inv, minlength=len(uniq)).astype(float)
     w = resample_weights(len(uniq), n_boot, rng)
     lo, hi = (float(x) for x in percentile_interval((w @ sums) / (w @ counts), confidence))
-    est = float(values.mean())  # a constant resample (an abstaining probe: 1/n everywhere) is the estimate, not its rounding
+    # a constant resample (an abstaining probe: 1/n everywhere) is the estimate, not its rounding
+    est = float(values.mean())
     lo, hi = (min(lo, est) if math.isclose(lo, est, rel_tol=1e-12, abs_tol=1e-15) else lo,
               max(hi, est) if math.isclose(hi, est, rel_tol=1e-12, abs_tol=1e-15) else hi)
     return float(lo), float(hi)
@@ -224,7 +227,8 @@ def _instance_folds(groups: np.ndarray, folds: int, rng: np.random.Generator) ->
 
 def _fold_weights(X: np.ndarray, M: np.ndarray, groups: np.ndarray, fold: np.ndarray, folds: int,
                   l2s: Sequence[float], nonnegative: bool, inner_folds: int, rng: np.random.Generator) -> np.ndarray:
-    """Each outer fold's weights ``[folds, K]``, chosen on its training instances: the null, the last-layer readout or a fit.
+    """Each outer fold's weights ``[folds, K]``, chosen on its training instances: the null, the last-layer readout or
+    a fit.
 
     ``X [N, C, K]``, ``M [N, C]``: every item's features, padded (:func:`~kvroute.analysis.condlogit.pad`);
     ``fold [N]``: the outer fold (0 … ``folds`` − 1) of each item. Per outer fold, the candidates are the *last-layer
@@ -346,7 +350,8 @@ def identity_probe(candidates: Sequence[np.ndarray], groups: Sequence[object] | 
         raise AnalysisError("the identity probe has no items (every item was unanswerable or had no distractor)")
     for i, m in enumerate(mats):
         if m.ndim != 2 or m.shape[0] < 2:
-            raise AnalysisError(f"item {i}: the identity probe needs [n_candidates ≥ 2, L] features, got shape {m.shape}")
+            raise AnalysisError(f"item {i}: the identity probe needs [n_candidates ≥ 2, L] features, "
+                                f"got shape {m.shape}")
         if not np.isfinite(m).all():
             raise AnalysisError(f"item {i}: identity features contain NaN or infinite values; drop those items first")
     if len({m.shape[1] for m in mats}) > 1:
@@ -435,7 +440,8 @@ def identity_by_ratio(df: pd.DataFrame, col: str | None = None, *, keys: Sequenc
         usable = np.array([m is not None and m.shape[0] >= 2 for m in mats]) & ~unans
         row["n_excluded_unanswerable"] = int(unans.sum())
         row["n_excluded_no_distractor"] = int((~usable & ~unans).sum())
-        row["n_candidates_dropped"] = (int(pd.to_numeric(grp["lens_candidates_dropped"], errors="coerce").fillna(0).sum())
+        row["n_candidates_dropped"] = (int(pd.to_numeric(grp["lens_candidates_dropped"], errors="coerce")
+                                           .fillna(0).sum())
                                        if col == "lens_candidates" and "lens_candidates_dropped" in grp else 0)
         kept = [m for m, u in zip(mats, usable, strict=True) if u and m is not None]
         row["mean_candidates"] = float(np.mean([m.shape[0] for m in kept])) if kept else np.nan

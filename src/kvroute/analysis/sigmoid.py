@@ -196,13 +196,15 @@ def has_cliff(y: np.ndarray, min_amplitude: float = MIN_AMPLITUDE) -> np.ndarray
     y = np.asarray(y, float)
     rise = np.nanmax(y, axis=-1) - np.nanmin(y, axis=-1)
     # the maximum must come after the minimum: a falling curve is not a cliff
-    order = np.nanargmax(np.where(np.isnan(y), -np.inf, y), axis=-1) > np.nanargmin(np.where(np.isnan(y), np.inf, y), axis=-1)
+    order = (np.nanargmax(np.where(np.isnan(y), -np.inf, y), axis=-1)
+             > np.nanargmin(np.where(np.isnan(y), np.inf, y), axis=-1))
     return (rise >= min_amplitude) & order
 
 
 def edge_codes(x: np.ndarray, y: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float, mid: np.ndarray | float, *,
                tol: float = MID_STEP / 2) -> np.ndarray:
-    """The identifiability rule for fitted curves ``y`` ``[B, n]`` over sorted ratios ``x``: OK, BELOW_GRID or BEYOND_GRID.
+    """The identifiability rule for fitted curves ``y`` ``[B, n]`` over sorted ratios ``x``: OK, BELOW_GRID or
+    BEYOND_GRID.
 
     Beyond the grid: the midpoint lies past the second-largest ratio (within ``tol``) — only the
     last ratio would then be above it, and one point cannot separate the top ``hi`` from the
@@ -264,10 +266,11 @@ def fit_sigmoid(x: np.ndarray, y: np.ndarray, *, min_amplitude: float = MIN_AMPL
     code = int(edge_codes(x, y[None, :], lo, hi, mid, tol=grid.mid_step / 2)[0])
     if code == BEYOND_GRID:
         return SigmoidFit("beyond_grid", f"the fitted midpoint lies beyond the second-largest ratio (H has not risen "
-                                         f"halfway by {x[-2]:g}, and the top is not pinned at 1): α* > {x[-2]:g} is not "
-                                         f"identified",
+                                         f"halfway by {x[-2]:g}, and the top is not pinned at 1): α* > {x[-2]:g} is "
+                                         f"not identified",
                           lo=lo, hi=hi, k=k, rmse=rmse)
     if code == BELOW_GRID:
-        return SigmoidFit("below_grid", f"H is past halfway by the second-smallest ratio: α* < {x[1]:g} is not identified",
+        return SigmoidFit("below_grid",
+                          f"H is past halfway by the second-smallest ratio: α* < {x[1]:g} is not identified",
                           lo=lo, hi=hi, k=k, rmse=rmse)
     return SigmoidFit(status, reason, alpha_star=mid, lo=lo, hi=hi, k=k, rmse=rmse)

@@ -65,7 +65,8 @@ class AnalysisConfig:
                   ("league_min_instances", self.league_min_instances >= 2, "at least 2")]
         for name, ok, allowed in checks:
             if not ok:
-                raise ConfigError(f"analysis setting {name}={getattr(self, name)!r} is out of range; it must be {allowed}")
+                raise ConfigError(f"analysis setting {name}={getattr(self, name)!r} is out of range; "
+                                  f"it must be {allowed}")
 
 
 @dataclass
@@ -76,7 +77,8 @@ class Analysis:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def analyze(df: pd.DataFrame, *, delta: float = 0.05, n_boot: int = 1000, seed: int = 0, **settings: Any) -> dict[str, Any]:
+def analyze(df: pd.DataFrame, *, delta: float = 0.05, n_boot: int = 1000, seed: int = 0,
+            **settings: Any) -> dict[str, Any]:
     """Every headline number of a run as JSON-serialisable data (becomes ``summary.json``).
 
     ``settings`` are further :class:`AnalysisConfig` fields (``confidence``, ``ger_threshold``, …).
@@ -149,7 +151,8 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
     # layer-wise consensus: sink-free per head (the default), GQA-aware over KV groups (the cross-model
     # comparison), and the with-sink reference; each with instance-bootstrap intervals
     for col in (CONSENSUS_COL, "rho_nosink", CONSENSUS_GROUP_COL, "rho_group_nosink", "consensus_withsink"):
-        section(f"{col}_profiles", [col], functools.partial(lambda c: {f"{c}_profiles": layer_profiles(df, c, **boot)}, col))
+        section(f"{col}_profiles", [col],
+                functools.partial(lambda c: {f"{c}_profiles": layer_profiles(df, c, **boot)}, col))
     trend_cols = [c for c in (CONSENSUS_COL, CONSENSUS_GROUP_COL, "consensus_withsink") if has_columns(df, [c])]
     section("consensus_trend", [CONSENSUS_COL], lambda: {
         "consensus_trend": pd.concat([profile_trend(df, c, **boot) for c in trend_cols], ignore_index=True)})
@@ -176,9 +179,9 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
         "regimes": sorted(df["regime"].unique()), "families": sorted(df["family"].unique()),
         "ratios": sorted(float(r) for r in df["ratio"].unique()),
         "settings": {**asdict(cfg), "bootstrap_unit": "instance_id (cluster bootstrap, percentile intervals)",
-                     "sigmoid": "H(α) = lo + (hi − lo) / (1 + exp(−k (α − α*))), least squares with 0 ≤ lo ≤ hi ≤ 1; the point "
-                                "estimate and every bootstrap replicate pass the same edge rule (midpoint in the "
-                                "grid's first or last gap = below/beyond the grid unless the bound pins lo = 0 or "
+                     "sigmoid": "H(α) = lo + (hi − lo) / (1 + exp(−k (α − α*))), least squares with 0 ≤ lo ≤ hi ≤ 1; "
+                                "the point estimate and every bootstrap replicate pass the same edge rule (midpoint in "
+                                "the grid's first or last gap = below/beyond the grid unless the bound pins lo = 0 or "
                                 "hi = 1); an interval end that falls on a censored replicate is left open",
                      "safe_ratio_rule": f"largest α with the one-sided {cfg.confidence:.0%} bootstrap upper bound of "
                                         f"H(α) − H(0) ≤ δ={cfg.delta:g} at it and every smaller ratio",
@@ -187,21 +190,21 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                      "ger_link": "headline = within ratio: per (model, press, regime, family), logistic regression of "
                                  "hallucinated on the cell's ger with one intercept per ratio (ratio × family when "
                                  "families are pooled), compressed cells with defined GER, strata without variation in "
-                                 "H or GER left out, ridge 1e-3 on the slope; odds ratio per +0.1 GER and the Mantel–Haenszel "
-                                 "P(H | evicted) − P(H | retained) over the same strata, both with instance-clustered "
-                                 "percentile bootstrap intervals. ger_pearson_r is pooled across ratios (one point "
-                                 "per ratio): both curves rise with α, so it is confounded by α and kept only to "
-                                 "compare with the paper's r = 0.79–0.93; p_h_given_evicted/retained are pooled "
-                                 "over ratios too",
+                                 "H or GER left out, ridge 1e-3 on the slope; odds ratio per +0.1 GER and the "
+                                 "Mantel–Haenszel P(H | evicted) − P(H | retained) over the same strata, both with "
+                                 "instance-clustered percentile bootstrap intervals. ger_pearson_r is pooled across "
+                                 "ratios (one point per ratio): both curves rise with α, so it is confounded by α and "
+                                 "kept only to compare with the paper's r = 0.79–0.93; p_h_given_evicted/retained are "
+                                 "pooled over ratios too",
                      "failure": "outcome other than 'correct' (distractor, abstained, partial or fabricated; not an "
                                 "F1 threshold); failures whose GER is undefined (ger_all_layers missing or "
                                 "evidence 'none') are the class 'undefined', never 'retained'",
-                     "consensus": f"{CONSENSUS_COL}: distinct argmax keys / query heads at the last prompt token, argmax "
-                                  f"after the first n_sink positions (attention sinks excluded); {CONSENSUS_GROUP_COL}: "
-                                  "the same over KV groups (head-averaged attention per group), the value comparable "
-                                  "across models with different GQA group sizes; trend = last third of the layers minus "
-                                  "the first third at the full cache, 'funnel' / 'diversifying' only when the bootstrap "
-                                  "interval excludes 0"},
+                     "consensus": f"{CONSENSUS_COL}: distinct argmax keys / query heads at the last prompt token, "
+                                  "argmax after the first n_sink positions (attention sinks excluded); "
+                                  f"{CONSENSUS_GROUP_COL}: the same over KV groups (head-averaged attention per "
+                                  "group), the value comparable across models with different GQA group sizes; trend = "
+                                  "last third of the layers minus the first third at the full cache, 'funnel' / "
+                                  "'diversifying' only when the bootstrap interval excludes 0"},
         "headline": _headline(tables),
         # errored cells (status "error"), per (model, press, error); not in n_records nor any estimate
         "cell_errors": {"n": n_errors, "groups": cell_errors},
@@ -254,21 +257,26 @@ def _headline(tables: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
             # an interval only where both ends are identified; otherwise the statement says what is not
             "alpha_star_ci": ([c.get("alpha_star_low"), c.get("alpha_star_high")]
                               if c.get("alpha_star_identified") == "identified" else None),
-            "alpha_star_identified": c.get("alpha_star_identified"), "alpha_star_interval": c.get("alpha_star_interval"),
+            "alpha_star_identified": c.get("alpha_star_identified"),
+            "alpha_star_interval": c.get("alpha_star_interval"),
             "alpha_star_boot_edges": {"below_grid": c.get("boot_below_grid"), "beyond_grid": c.get("boot_beyond_grid"),
                                       "no_cliff": c.get("boot_no_cliff")},
             "alpha_half": c.get("alpha_half"),
             "alpha_half_ci": ([c.get("alpha_half_low"), c.get("alpha_half_high")]
                               if c.get("alpha_half_identified") == "identified" else None),
-            "alpha_half_identified": c.get("alpha_half_identified"), "alpha_half_interval": c.get("alpha_half_interval"),
+            "alpha_half_identified": c.get("alpha_half_identified"),
+            "alpha_half_interval": c.get("alpha_half_interval"),
             "cliff_status": c.get("status"), "cliff_note": c.get("reason"),
             "alpha_chi_max": c.get("alpha_chi_max"), "chi_max": c.get("chi_max"), "safe_ratio": safe,
-            "h_baseline": c.get("h0"), "ger_pearson_r": _first(corr, "pearson_r"), "ger_pearson_p": _first(corr, "pearson_p"),
+            "h_baseline": c.get("h0"), "ger_pearson_r": _first(corr, "pearson_r"),
+            "ger_pearson_p": _first(corr, "pearson_p"),
             "ger_spearman_r": _first(corr, "spearman_r"),
             "p_h_given_evicted": _first(cond, "p_h_evicted"), "p_h_given_retained": _first(cond, "p_h_kept"),
             **_ger_within_headline(within),
-            "erasure_dominated_ratios": dec.loc[dec["dominant"] == "erasure", "ratio"].tolist() if not dec.empty else [],
-            "retained_dominated_ratios": dec.loc[dec["dominant"] == "retained", "ratio"].tolist() if not dec.empty else [],
+            "erasure_dominated_ratios": (dec.loc[dec["dominant"] == "erasure", "ratio"].tolist()
+                                         if not dec.empty else []),
+            "retained_dominated_ratios": (dec.loc[dec["dominant"] == "retained", "ratio"].tolist()
+                                          if not dec.empty else []),
             "context_length_verdict": _first(verdict, "verdict"), "context_length_beta": _first(verdict, "beta"),
             "identity_accuracy_baseline": _first(ident0, "accuracy"),
             "identity_accuracy_baseline_ci": [_first(ident0, "accuracy_low"), _first(ident0, "accuracy_high")],
@@ -277,12 +285,14 @@ def _headline(tables: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
             "identity_accuracy_at_safe_ratio": _first(ident_safe, "accuracy"),
             "identity_max_ratio": _first(ident_max, "ratio"),
             "identity_accuracy_at_max_ratio": _first(ident_max, "accuracy"),
-            "identity_accuracy_at_max_ratio_ci": [_first(ident_max, "accuracy_low"), _first(ident_max, "accuracy_high")],
+            "identity_accuracy_at_max_ratio_ci": [_first(ident_max, "accuracy_low"),
+                                                  _first(ident_max, "accuracy_high")],
             "identity_chance_at_max_ratio": _first(ident_max, "chance"),
             "lens_logprob_baseline": _first(ident0, "lens_logprob_final"),
             "lens_logprob_at_max_ratio": _first(ident_max, "lens_logprob_final"),
             # control (reads the question, which the agnostic regime never compresses): not evidence of anything
-            "control_type_probe_f1_baseline": _first(probe[probe["ratio"] == 0], "macro_f1") if not probe.empty else None,
+            "control_type_probe_f1_baseline": (_first(probe[probe["ratio"] == 0], "macro_f1")
+                                               if not probe.empty else None),
             "control_type_probe_f1_at_safe_ratio": (_first(probe[probe["ratio"] == safe], "macro_f1")
                                                     if not probe.empty and safe is not None else None),
             **_consensus_headline(tables.get("consensus_trend"), key),

@@ -62,7 +62,8 @@ def _setup_logging(verbose: int) -> None:
 
 
 @app.callback()
-def _root(verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More logging (-vv for debug).")] = 0) -> None:
+def _root(verbose: Annotated[int, typer.Option("--verbose", "-v", count=True,
+                                               help="More logging (-vv for debug).")] = 0) -> None:
     _setup_logging(verbose)
 
 
@@ -80,7 +81,8 @@ def version() -> None:
         kvp = v("kvpress")
     except Exception:  # pragma: no cover - kvpress is a dependency
         kvp = "not installed"
-    console.print(f"kvroute {__version__} (torch {torch.__version__}, transformers {transformers.__version__}, kvpress {kvp})")
+    console.print(f"kvroute {__version__} (torch {torch.__version__}, "
+                  f"transformers {transformers.__version__}, kvpress {kvp})")
 
 
 

@@ -26,7 +26,8 @@ app.add_typer(presses_app, name="presses")
 
 @presses_app.command("list")
 def presses_list() -> None:
-    """List the scorers (built-in and installed plugins), the selection strategies, and kvpress's presses not offered."""
+    ("List the scorers (built-in and installed plugins), the selection strategies, "
+     "and kvpress's presses not offered.")
     from kvroute.presses import SCORERS, SELECTIONS
     from kvroute.presses.catalogue import CATALOGUE
     from kvroute.presses.plugins import plugin_names, plugins, refused_line, source
@@ -82,9 +83,14 @@ def presses_list() -> None:
 
 
 def _kvpress_status(name: str, where: str) -> str:
-    """A scorer's equivalence with kvpress, as `presses list` states it."""
-    from kvroute.engine.check import no_kvpress_counterpart
+    """A scorer's equivalence with kvpress, as `presses list` states it.
+
+    A built-in kvpress scorer is compared with kvpress at its default selection by
+    tests/reference/test_kvpress_equivalence.py (which fails for one that has no check), so its row says
+    so without importing kvpress; a plugin's counterpart is looked up (its module imported kvpress already).
+    """
     from kvroute.presses import SCORERS
+    from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
     from kvroute.presses.scorers.local_weights import LocalWeightsScorer
 
     if where == "kvroute":
@@ -95,17 +101,27 @@ def _kvpress_status(name: str, where: str) -> str:
     if cls is not None and issubclass(cls, LocalWeightsScorer):
         return (f"equal, token for token, given the same weights (tests/reference, random ones); needs "
                 f"{cls.weights_param}=FOLDER")
+    if cls is not None and issubclass(cls, KvpressScorer) and cls.lazy():
+        return BUILT_IN_EQUAL
+    from kvroute.engine.check import no_kvpress_counterpart
+
     try:
         why = no_kvpress_counterpart(name)
     except KvrouteError as e:  # e.g. a press that needs a weights folder to build
         return f"equal (tests/reference); {e}"
-    return "equal, token for token (tests/reference)" if why is None else why
+    return BUILT_IN_EQUAL if why is None else why
+
+
+BUILT_IN_EQUAL = "equal, token for token (tests/reference)"
 
 
 @presses_app.command("check")
 def presses_check(
-    spec: Annotated[str, typer.Argument(help="Press: a built-in, module:Class or a plugin name, with [key=value] and +selection.")],
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Zoo name or local folder (default: a tiny random Llama built here, offline).")] = None,
+    spec: Annotated[str, typer.Argument(help="Press: a built-in, module:Class or a plugin name, "
+                                             "with [key=value] and +selection.")],
+    model: Annotated[str | None, typer.Option("--model", "-m",
+                                              help="Zoo name or local folder "
+                                                   "(default: a tiny random Llama built here, offline).")] = None,
     ratios: Annotated[str, typer.Option("--ratios", help="Comma-separated ratios.")] = "0.25,0.5,0.75,0.9",
     n: Annotated[int, typer.Option("--n", help="Generated base task instances.")] = 4,
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 16,

@@ -16,11 +16,13 @@ from kvroute.console import RichProgress, console
 
 @app.command()
 def report(
-    run: Annotated[Path, typer.Argument(help="Run directory (store.sqlite + manifest.json) or a .parquet/.csv/.jsonl records file.")],
+    run: Annotated[Path, typer.Argument(help="Run directory (store.sqlite + manifest.json) "
+                                             "or a .parquet/.csv/.jsonl records file.")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default: RUN_DIR/report).")] = None,
     title: Annotated[str, typer.Option(help="Report title.")] = "kvroute report",
     n_boot: Annotated[int, typer.Option(help="Bootstrap replicates (resampling instances).")] = 1000,
-    delta: Annotated[float, typer.Option(help="Safe ratio: allowed rise of the hallucination rate over the baseline.")] = 0.05,
+    delta: Annotated[float, typer.Option(help="Safe ratio: allowed rise of the hallucination rate "
+                                              "over the baseline.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
 ) -> None:
     """Analyse a run's records and write report.html, summary.json and figures/."""

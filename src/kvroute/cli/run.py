@@ -31,7 +31,8 @@ SAMPLE_QUESTION = "In which town was Maren Oskvold born?"
 
 @app.command()
 def ask(
-    model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
+    model: Annotated[str, typer.Option("--model", "-m",
+                                       help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
     context: Annotated[str, typer.Option(help="Context text, or @FILE to read it.")] = SAMPLE_CONTEXT,
     question: Annotated[str, typer.Option(help="Question about the context.")] = SAMPLE_QUESTION,
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 32,
@@ -50,7 +51,8 @@ def ask(
     answer = greedy_answer(lm, _read_text(context), question, max_new_tokens=max_new_tokens)
     t2 = time.perf_counter()
     console.print(f"[bold]model[/bold]    {lm.name} ({lm.info.architecture}, {lm.info.num_layers} layers, "
-                  f"{lm.info.num_heads}/{lm.info.num_kv_heads} heads) on {lm.device}, {str(lm.dtype).removeprefix('torch.')}")
+                  f"{lm.info.num_heads}/{lm.info.num_kv_heads} heads) on {lm.device}, "
+                  f"{str(lm.dtype).removeprefix('torch.')}")
     console.print(f"[bold]question[/bold] {question}")
     console.print(f"[bold]answer[/bold]   {answer}")
     console.print(f"[dim]load {t1 - t0:.1f} s, answer {t2 - t1:.1f} s[/dim]")
@@ -59,8 +61,10 @@ def ask(
 @app.command()
 def demo(
     models: Annotated[str, typer.Option("--models", "-m", help="Comma-separated models; "
-                                        "'smollm2-135m,qwen2.5-0.5b' compares the two architectures.")] = "smollm2-135m",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory (resumed when it exists).")] = Path("runs/demo"),
+                                        "'smollm2-135m,qwen2.5-0.5b' compares the two "
+                                        "architectures.")] = "smollm2-135m",
+    out: Annotated[Path, typer.Option("--out", "-o",
+                                      help="Run directory (resumed when it exists).")] = Path("runs/demo"),
     scale: Annotated[float, typer.Option(help="Multiply the number of task instances (0.25 for a quick look).")] = 1.0,
     tickets: Annotated[int, typer.Option(help="Lottery-ticket searches per model.")] = 2,
     n_boot: Annotated[int, typer.Option(help="Bootstrap replicates in the report.")] = 1000,
@@ -99,11 +103,17 @@ def demo(
 @app.command()
 def run(
     tasks: Annotated[Path, typer.Option("--tasks", "-t", help="Task file (JSONL, kvroute format).")],
-    press: Annotated[list[str], typer.Option("--press", "-p", help="Press, e.g. snapkv or expected_attention+adakv; repeat for several.")],
-    ratio: Annotated[list[float], typer.Option("--ratio", "-r", help="Compression ratio in [0, 1); repeat for several.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write one JSON record per (instance, press, ratio).")],
-    model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
-    question_aware: Annotated[bool, typer.Option("--question-aware", help="Compress the question with the context.")] = False,
+    press: Annotated[list[str], typer.Option("--press", "-p",
+                                             help="Press, e.g. snapkv or expected_attention+adakv; "
+                                                  "repeat for several.")],
+    ratio: Annotated[list[float], typer.Option("--ratio", "-r",
+                                               help="Compression ratio in [0, 1); repeat for several.")],
+    out: Annotated[Path, typer.Option("--out", "-o",
+                                      help="Where to write one JSON record per (instance, press, ratio).")],
+    model: Annotated[str, typer.Option("--model", "-m",
+                                       help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
+    question_aware: Annotated[bool, typer.Option("--question-aware",
+                                                 help="Compress the question with the context.")] = False,
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 24,
     limit: Annotated[int | None, typer.Option(help="Only the first N instances.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for random scorers.")] = 0,
@@ -116,7 +126,8 @@ def run(
     from kvroute.engine import Cell, Engine
     from kvroute.files import atomic_write, check_output_file
     from kvroute.presses import build_press, check_ratio
-    from kvroute.runner import RunSettings, run_instance
+    from kvroute.runner import run_instance
+    from kvroute.settings import RunSettings
     from kvroute.tasks import load_tasks
 
     for p in press:  # names, ratios and the output path are checked before anything loads
@@ -136,7 +147,8 @@ def run(
     out.parent.mkdir(parents=True, exist_ok=True)
     n, errored = 0, []
     # written to a temporary file next to --out and renamed at the end: a run that fails leaves --out as it was
-    with atomic_write(out) as f, RichProgress().task(f"{len(instances)} instances × {len(cells)} cells", len(instances)) as bar:
+    with atomic_write(out) as f, RichProgress().task(f"{len(instances)} instances × {len(cells)} cells",
+                                                     len(instances)) as bar:
         for inst in instances:
             for rec in run_instance(engine, inst, cells, regime=regime, seed=seed, settings=settings, model_name=model):
                 f.write(json.dumps(_compact({"id": inst.id, **rec}), ensure_ascii=False) + "\n")
@@ -151,15 +163,25 @@ def run(
 @app.command()
 def ticket(
     tasks: Annotated[Path, typer.Option("--tasks", "-t", help="Task file (JSONL, kvroute format).")],
-    instance: Annotated[list[str], typer.Option("--instance", "-i", help="Instance id (repeat for several; default: the first).")] = [],  # noqa: B006
-    model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
-    target: Annotated[str, typer.Option(help="gold: the answer must stay correct; full: the full cache's exact answer.")] = "gold",
-    question_aware: Annotated[bool, typer.Option("--question-aware", help="Compress the question with the context.")] = False,
+    instance: Annotated[list[str], typer.Option("--instance", "-i",
+                                                help="Instance id (repeat for several; "
+                                                     "default: the first).")] = [],  # noqa: B006
+    model: Annotated[str, typer.Option("--model", "-m",
+                                       help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
+    target: Annotated[str, typer.Option(help="gold: the answer must stay correct; "
+                                             "full: the full cache's exact answer.")] = "gold",
+    question_aware: Annotated[bool, typer.Option("--question-aware",
+                                                 help="Compress the question with the context.")] = False,
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 16,
     max_evaluations: Annotated[int, typer.Option(help="Budget of decoded candidate masks per instance.")] = 400,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory: appends tickets.jsonl, writes masks and heatmaps.")] = None,
-    answer_prefix: Annotated[str | None, typer.Option(help="Text after the question, as in the sweep's decoding.answer_prefix (default: the --out run's, else none).")] = None,
-    system_prompt: Annotated[str | None, typer.Option(help="System prompt, as in the sweep's decoding.system_prompt (default: the --out run's, else none).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="Run directory: appends tickets.jsonl, "
+                                                  "writes masks and heatmaps.")] = None,
+    answer_prefix: Annotated[str | None, typer.Option(help="Text after the question, as in the sweep's "
+                                                           "decoding.answer_prefix "
+                                                           "(default: the --out run's, else none).")] = None,
+    system_prompt: Annotated[str | None, typer.Option(help="System prompt, as in the sweep's decoding.system_prompt "
+                                                           "(default: the --out run's, else none).")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
 ) -> None:
     """Search a token-route lottery ticket: a small set of kept KV entries that still yields the answer.
@@ -204,7 +226,8 @@ def ticket(
         s = tk.summary()
         hp = s["evidence_heads_per_token"]
         t.add_row(inst.id, f"{s['entries']:,}/{s['total_entries']:,}", f"{100 * s['fraction']:.2f}%",
-                  f"{s['tokens_kept']}/{s['context_tokens']}", f"{s['evidence_tokens_in_ticket']}/{s['evidence_tokens']}",
+                  f"{s['tokens_kept']}/{s['context_tokens']}",
+                  f"{s['evidence_tokens_in_ticket']}/{s['evidence_tokens']}",
                   f"mean {np.mean(hp):.1f}, max {max(hp)}" if hp else "-", s["answer"][:40], str(s["evaluations"]))
         if out is not None:
             from kvroute.tickets import save_ticket

@@ -21,23 +21,33 @@ from kvroute.errors import KvrouteError
 
 @app.command()
 def sweep(
-    config: Annotated[Path, typer.Argument(help="Sweep config (.toml, .yaml or .json); see the README's Sweeps section.")],
+    config: Annotated[Path, typer.Argument(help="Sweep config (.toml, .yaml or .json); see docs/running.md, Sweeps.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory: store.sqlite, manifest.json, tasks/.")],
-    backend: Annotated[str, typer.Option(help="local (this process) or ray (a Ray cluster, pip install 'kvroute\\[ray]').")] = "local",
-    resume: Annotated[bool, typer.Option("--resume", help="Continue a run in --out: compute only the missing cells.")] = False,
+    backend: Annotated[str, typer.Option(help="local (this process) or ray "
+                                              "(a Ray cluster, pip install 'kvroute\\[ray]').")] = "local",
+    resume: Annotated[bool, typer.Option("--resume",
+                                         help="Continue a run in --out: compute only the missing cells.")] = False,
     retry_errors: Annotated[bool, typer.Option("--retry-errors", help="With --resume: compute the cells that errored "
-                                               "(status \"error\") again; a resume otherwise counts them as done.")] = False,
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster address (default: ray.init()'s choice).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: --set decoding.max_new_tokens=16 (repeat).")] = None,
-    models: Annotated[str | None, typer.Option("--models", help="Override models: comma-separated names or folders.")] = None,
-    press: Annotated[list[str] | None, typer.Option("--press", "-p", help="Override presses (repeat for several).")] = None,
+                                               "(status \"error\") again; "
+                                               "a resume otherwise counts them as done.")] = False,
+    ray_address: Annotated[str | None, typer.Option("--ray-address",
+                                                    help="Ray cluster address (default: ray.init()'s choice).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set",
+                                                   help="Override a config key: "
+                                                        "--set decoding.max_new_tokens=16 (repeat).")] = None,
+    models: Annotated[str | None, typer.Option("--models",
+                                               help="Override models: comma-separated names or folders.")] = None,
+    press: Annotated[list[str] | None, typer.Option("--press", "-p",
+                                                    help="Override presses (repeat for several).")] = None,
     ratios: Annotated[str | None, typer.Option("--ratios", help="Override ratios, e.g. 0,0.5,0.9.")] = None,
     regimes: Annotated[str | None, typer.Option("--regimes", help="Override regimes: agnostic,aware.")] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="Override seeds, e.g. 0,1,2.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Override decoding.max_new_tokens.")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and show the grid; load no model, write nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run",
+                                          help="Validate and show the grid; load no model, write nothing.")] = False,
     new_settings: Annotated[bool, typer.Option("--new-settings", help="With --resume: add cells with settings that "
-                                               "differ from the run's (refused otherwise, so runs do not mix).")] = False,
+                                               "differ from the run's "
+                                               "(refused otherwise, so runs do not mix).")] = False,
 ) -> None:
     """Run a sweep config's grid of cells into a crash-safe, resumable store, with a progress bar and a summary."""
     import json
@@ -109,7 +119,8 @@ def _summary_table(rows: list[dict]) -> None:
 def export(
     run: Annotated[Path, typer.Argument(help="Run directory a sweep wrote (holds store.sqlite).")],
     fmt: Annotated[str, typer.Option("--format", "-f", help="parquet or csv.")] = "parquet",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output file (default: RUN_DIR/records.FORMAT).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="Output file (default: RUN_DIR/records.FORMAT).")] = None,
 ) -> None:
     """Export a run store's records to one Parquet or CSV file (lists as list columns / JSON text)."""
     from kvroute.sweep.export import export_records

@@ -17,7 +17,8 @@ from kvroute.cli.core import (
 from kvroute.cli.tasks_import import register as register_import
 from kvroute.console import RichProgress, console
 
-tasks_app = _App(help="Task families and real datasets: list, generate, show, import, niah, grid.", no_args_is_help=True)
+tasks_app = _App(help="Task families and real datasets: list, generate, show, import, niah, grid.",
+                 no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
 
 
@@ -47,13 +48,17 @@ def tasks_generate(
     n: Annotated[int, typer.Option("--n", help="Instances per family.")] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Generator seed (same seed, same bytes).")] = 0,
     difficulty: Annotated[int, typer.Option("--difficulty", "-d", help="Family level (see `tasks list`).")] = 1,
-    target_tokens: Annotated[int | None, typer.Option(help="Pad contexts with filler to about this many tokens.")] = None,
+    target_tokens: Annotated[int | None, typer.Option(help="Pad contexts with filler "
+                                                           "to about this many tokens.")] = None,
     depth: Annotated[float | None, typer.Option(help="Where the facts sit in the filler, 0 (start) … 1 (end).")] = None,
     distractors: Annotated[int | None, typer.Option(help="Distractor entities/values (default: the level's).")] = None,
     unanswerable_share: Annotated[float | None, typer.Option(help="Share of unanswerable items (coreference).")] = None,
-    answer_type: Annotated[list[str] | None, typer.Option("--answer-type", help="Only these answer types (repeat).")] = None,
-    question_type: Annotated[list[str] | None, typer.Option("--question-type", help="Only these question types (repeat).")] = None,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Model whose tokenizer measures --target-tokens.")] = None,
+    answer_type: Annotated[list[str] | None, typer.Option("--answer-type",
+                                                          help="Only these answer types (repeat).")] = None,
+    question_type: Annotated[list[str] | None, typer.Option("--question-type",
+                                                            help="Only these question types (repeat).")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer",
+                                                  help="Model whose tokenizer measures --target-tokens.")] = None,
 ) -> None:
     """Generate task instances of one or more families into a JSONL file."""
     from kvroute.tasks import FAMILIES, TaskSpec, generate_tasks, get_family, save_tasks

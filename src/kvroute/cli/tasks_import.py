@@ -37,16 +37,23 @@ def register(tasks_app: typer.Typer) -> None:
 
     @tasks_app.command("import")
     def tasks_import(
-        source: Annotated[str, typer.Argument(help="A .parquet/.csv/.tsv/.jsonl/.json file, or a Hugging Face dataset id (org/name).")],
+        source: Annotated[str, typer.Argument(help="A .parquet/.csv/.tsv/.jsonl/.json file, "
+                                                   "or a Hugging Face dataset id (org/name).")],
         out: Annotated[Path, typer.Option("--out", "-o", help="JSONL task file to write (kvroute format).")],
-        layout: Annotated[str | None, typer.Option(help="kvpress or ruler (default: detected from the columns).")] = None,
-        family: Annotated[str | None, typer.Option(help="Task name for rows without a 'task' column (default: file stem).")] = None,
+        layout: Annotated[str | None, typer.Option(help="kvpress or ruler "
+                                                        "(default: detected from the columns).")] = None,
+        family: Annotated[str | None, typer.Option(help="Task name for rows without a 'task' column "
+                                                        "(default: file stem).")] = None,
         config: Annotated[str | None, typer.Option(help="Hub dataset configuration (subset).")] = None,
         split: Annotated[str | None, typer.Option(help="Hub dataset split (default: test).")] = None,
-        model: Annotated[str | None, typer.Option("--model", "-m", help="Model whose tokenizer and window limit lengths.")] = None,
-        tokenizer: Annotated[str | None, typer.Option(help="Model whose tokenizer measures lengths (window: --max-tokens).")] = None,
-        max_tokens: Annotated[int | None, typer.Option(help="Window: prompt + max_new_tokens must fit (default: the model's).")] = None,
-        truncate: Annotated[str | None, typer.Option(help="'middle': cut too-long contexts in the middle instead of skipping them.")] = None,
+        model: Annotated[str | None, typer.Option("--model", "-m",
+                                                  help="Model whose tokenizer and window limit lengths.")] = None,
+        tokenizer: Annotated[str | None, typer.Option(help="Model whose tokenizer measures lengths "
+                                                           "(window: --max-tokens).")] = None,
+        max_tokens: Annotated[int | None, typer.Option(help="Window: prompt + max_new_tokens must fit "
+                                                            "(default: the model's).")] = None,
+        truncate: Annotated[str | None, typer.Option(help="'middle': cut too-long contexts in the middle "
+                                                          "instead of skipping them.")] = None,
         limit: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
     ) -> None:
         """Import an existing dataset (kvpress evaluation layout or RULER) as kvroute task instances.
@@ -85,15 +92,22 @@ def register(tasks_app: typer.Typer) -> None:
     @tasks_app.command("niah")
     def tasks_niah(
         out: Annotated[Path, typer.Option("--out", "-o", help="File to write (JSONL).")],
-        length: Annotated[list[str], typer.Option("--length", "-l", help="Context lengths in tokens (repeat or comma-separate).")] = ["1000"],  # noqa: B006
-        depth: Annotated[list[str], typer.Option("--depth", "-d", help="Needle depths in [0, 1] (repeat or comma-separate).")] = ["0,0.25,0.5,0.75,1"],  # noqa: B006
+        length: Annotated[list[str], typer.Option("--length", "-l",
+                                                  help="Context lengths in tokens "
+                                                       "(repeat or comma-separate).")] = ["1000"],  # noqa: B006
+        depth: Annotated[list[str], typer.Option("--depth", "-d",
+                                                 help="Needle depths in [0, 1] "
+                                                      "(repeat or comma-separate).")] = ["0,0.25,0.5,0.75,1"],  # noqa: B006
         n: Annotated[int, typer.Option("--n", help="Instances per (length, depth) cell.")] = 1,
         seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
-        haystack: Annotated[Path | None, typer.Option(help="UTF-8 text to hide the needle in (default: kvroute's shipped essays).")] = None,
+        haystack: Annotated[Path | None, typer.Option(help="UTF-8 text to hide the needle in "
+                                                           "(default: kvroute's shipped essays).")] = None,
         needle: Annotated[str | None, typer.Option(help="Needle template with {key} and {value}.")] = None,
         question: Annotated[str | None, typer.Option(help="Question template with {key}.")] = None,
-        layout: Annotated[str, typer.Option(help="kvroute (task file), ruler or kvpress (rows to import or run elsewhere).")] = "kvroute",
-        tokenizer: Annotated[str | None, typer.Option(help="Model whose tokenizer measures lengths (default: word estimate).")] = None,
+        layout: Annotated[str, typer.Option(help="kvroute (task file), ruler or kvpress "
+                                                 "(rows to import or run elsewhere).")] = "kvroute",
+        tokenizer: Annotated[str | None, typer.Option(help="Model whose tokenizer measures lengths "
+                                                           "(default: word estimate).")] = None,
     ) -> None:
         """Generate a needle-in-a-haystack grid (length × depth) over any text."""
         import json
@@ -108,7 +122,8 @@ def register(tasks_app: typer.Typer) -> None:
             raise ConfigError(f"--layout {layout!r}: use one of {', '.join(EXPORT_LAYOUTS)}")
         lengths, depths = parse_list(length, int, "--length") or [], parse_list(depth, float, "--depth") or []
         spec = NiahSpec(lengths=tuple(lengths), depths=tuple(depths), n=n, seed=seed, haystack=haystack,
-                        needle=NEEDLE if needle is None else needle, question=QUESTION if question is None else question)
+                        needle=NEEDLE if needle is None else needle,
+                        question=QUESTION if question is None else question)
         tok = None
         if tokenizer is not None:
             from kvroute.models import load_tokenizer
@@ -131,9 +146,12 @@ def register(tasks_app: typer.Typer) -> None:
 
     @tasks_app.command("grid")
     def tasks_grid(
-        records: Annotated[Path, typer.Argument(help="Records: a run directory or a .jsonl/.parquet/.csv records file.")],
+        records: Annotated[Path, typer.Argument(help="Records: a run directory "
+                                                     "or a .jsonl/.parquet/.csv records file.")],
         tasks: Annotated[Path, typer.Option("--tasks", "-t", help="The task file the run used.")],
-        by: Annotated[list[str], typer.Option("--by", help="Meta keys to group by (repeat or comma-separate).")] = ["target_length,depth"],  # noqa: B006
+        by: Annotated[list[str], typer.Option("--by",
+                                              help="Meta keys to group by "
+                                                   "(repeat or comma-separate).")] = ["target_length,depth"],  # noqa: B006
     ) -> None:
         """Accuracy, GER and reachability per (press, ratio) and task-meta cell, e.g. niah length × depth."""
         from kvroute.analysis.grid import meta_table

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -40,6 +40,9 @@ from kvroute.engine.reference import FakeKeyProbe, kvpress_answer, kvpress_pipel
 from kvroute.errors import EngineError, error_reason
 from kvroute.presses.press import build_press
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
+
+if TYPE_CHECKING:
+    from kvroute.models.loading import LoadedModel
 
 DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 KVPRESS_FAILED = "kvpress failed: "  # how a cell reads when kvpress's own code raised on it
@@ -99,7 +102,8 @@ class CellComparison:
 
     @property
     def agrees_exactly_masked(self) -> bool:
-        """Disagrees, but only because kvpress's fake keys took attention: masked exactly, kvpress answers as kvroute."""
+        """Disagrees, but only because kvpress's fake keys took attention: masked exactly, kvpress answers as
+        kvroute."""
         return not self.agrees and self.masks_equal is True and self.exact_ids == self.ours.tokens
 
     def describe(self) -> str:
@@ -204,7 +208,7 @@ def _recorded_decodes(tokenizer: Any) -> Iterator[list[list[int]]]:
             del tokenizer.decode
 
 
-def kvpress_answer_ids(lm: Any, prompt: ReferencePrompt, spec: str, ratio: float, *, max_new_tokens: int,
+def kvpress_answer_ids(lm: LoadedModel, prompt: ReferencePrompt, spec: str, ratio: float, *, max_new_tokens: int,
                        seed: int = 0, pipeline: Any = None) -> tuple[str, list[int]]:
     """kvpress pipeline's greedy answer to ``prompt`` under ``spec`` at ``ratio``: its text and generated ids."""
     with _recorded_decodes(lm.tokenizer) as seen, seeded_kvpress_layers(lm.model, seed):
@@ -265,7 +269,7 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
 
 
 @torch.inference_mode()
-def kvpress_keep_masks(lm: Any, prompt: ReferencePrompt, spec: str, ratio: float, *,
+def kvpress_keep_masks(lm: LoadedModel, prompt: ReferencePrompt, spec: str, ratio: float, *,
                        seed: int = 0) -> torch.Tensor | None:
     """The keep masks ``[L, Hkv, T]`` a fake-key kvpress press decides for ``prompt`` (None when it prunes instead).
 

@@ -221,7 +221,9 @@ def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_
     return out
 
 
-def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],
+# complexity: one batch's question forward, captures and greedy steps share the batch's state (rows, cache, masks);
+# a split would pass it around in pieces. Checked by the engine's equivalence tests against kvpress and pruning.
+def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],  # noqa: C901
                   masks: Sequence[KeepMask], gold: list[int], track: Mapping[str, Sequence[int]],
                   settings: DecodeSettings, lens_ids: list[int] | None = None,
                   lens_seqs: list[list[int]] | None = None) -> list[CellOutput]:
@@ -310,7 +312,8 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             if settings.keep_generated_rows:
                 gen_rows.append([None] * L)
             p = torch.full((1,), T + Q + step, device=device)
-            res = model(input_ids=nxt.view(-1, 1), past_key_values=cache, position_ids=p.view(1, 1).expand(len(rows), 1),
+            res = model(input_ids=nxt.view(-1, 1), past_key_values=cache,
+                        position_ids=p.view(1, 1).expand(len(rows), 1),
                         cache_position=p, use_cache=True, logits_to_keep=1)
             nxt = res.logits[:, -1].argmax(-1)
             if settings.keep_generated_rows:

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from kvroute.engine.cell import NO_PRESS, Cell
 from kvroute.engine.decode import CellOutput, DecodeSettings, decode_cells
-from kvroute.engine.prefill import PrefillCapture, PrefillResult, ScoreRequest, prefill
+from kvroute.engine.prefill import PrefillCapture, PrefillResult, ScoreKey, ScoreRequest, prefill
 from kvroute.engine.window import check_tokens
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.presses import KeepMask, Press, build_press, check_ratio
 
+if TYPE_CHECKING:
+    from kvroute.models.loading import LoadedModel
+
 log = logging.getLogger(__name__)
-
-NO_PRESS = "none"
-
 
 class PromptLike(Protocol):
     """What the engine reads from a prompt (kvroute.tasks.prompt.Prompt has these)."""
@@ -27,14 +28,6 @@ class PromptLike(Protocol):
 
     @property
     def question_ids(self) -> Sequence[int]: ...  # the uncompressed suffix
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One (press, ratio) perturbation of a prompt's cache. ``press="none"`` is the full cache."""
-
-    press: str
-    ratio: float
 
 
 @dataclass
@@ -57,7 +50,7 @@ class Engine:
     >>> res.outputs[0].text                                           # doctest: +SKIP
     """
 
-    def __init__(self, lm: Any, settings: DecodeSettings = DecodeSettings()) -> None:
+    def __init__(self, lm: LoadedModel, settings: DecodeSettings = DecodeSettings()) -> None:
         self.lm = lm
         self.settings = settings
         self._presses: dict[str, Press] = {}
@@ -82,29 +75,28 @@ class Engine:
                 self.press(c.press)
 
     def _requests(self, cells: Sequence[Cell], skip: Mapping[int, str] | None = None,
-                  ) -> tuple[list[ScoreRequest], dict[int, Hashable], dict[int, dict[str, Hashable]]]:
+                  ) -> tuple[list[ScoreRequest], dict[int, ScoreKey], dict[int, dict[str, ScoreKey]]]:
         """The prefill's score requests (equal ones shared), each cell's key, and each cell's aux keys by name."""
         skip = skip or {}
-        reqs: dict[Hashable, ScoreRequest] = {}
-        cell_key: dict[int, Hashable] = {}
-        aux_keys: dict[int, dict[str, Hashable]] = {}
+        reqs: dict[ScoreKey, ScoreRequest] = {}
+        cell_key: dict[int, ScoreKey] = {}
+        aux_keys: dict[int, dict[str, ScoreKey]] = {}
         for i, c in enumerate(cells):
             if c.press == NO_PRESS or c.ratio == 0 or i in skip:
                 continue
             p = self.press(c.press)
-            variant = p.selection.score_variant()
-            ratio = c.ratio if (p.scorer.ratio_dependent or p.selection.scores_per_ratio) else None
-            key = (str(p.scorer.spec()), variant, ratio)
-            reqs.setdefault(key, ScoreRequest(key, p.scorer, p.selection, ratio))
-            cell_key[i] = key
+            req = ScoreRequest.for_press(p, c.ratio)
+            reqs.setdefault(req.key, req)
+            cell_key[i] = req.key
             for name, scorer in p.selection.aux_scorers().items():  # e.g. CriticalKV's value projections
                 aratio = c.ratio if scorer.ratio_dependent else None
-                akey = ("aux", str(scorer.spec()), aratio)
+                akey = ScoreKey(str(scorer.spec()), None, aratio)
                 reqs.setdefault(akey, ScoreRequest(akey, scorer, None, aratio))
                 aux_keys.setdefault(i, {})[name] = akey
         return list(reqs.values()), cell_key, aux_keys
 
-    def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,
+    # complexity: per-cell error handling around one prefill and one decode (each branch one kind of cell failure)
+    def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,  # noqa: C901
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
             captures: Sequence[PrefillCapture] = (), decode_full: bool = True,
             lens_ids: Sequence[int] | None = None, lens_seqs: Sequence[Sequence[int]] | None = None,
@@ -144,15 +136,15 @@ class Engine:
         if T == 0:
             raise EngineError("the compressible part of the prompt is empty")
         requests, cell_key, aux_keys = self._requests(cells, errors)
-        failed: dict[Hashable, str] = {}  # score request key -> reason (cell_errors only)
+        failed: dict[ScoreKey, str] = {}  # score request key -> reason (cell_errors only)
         for r in requests:
             try:
                 r.scorer.check(T)
                 if r.scorer.needs_evidence and not evidence:
                     raise EngineError(f"{r.scorer.name} needs evidence positions; this prompt has none")
                 if r.scorer.needs_question_window and not 0 < question_window < T:
-                    raise EngineError(f"{r.scorer.name} scores the context by the question's attention, so the question "
-                                      "must be inside the compressed prefix: use the question-aware regime "
+                    raise EngineError(f"{r.scorer.name} scores the context by the question's attention, so the "
+                                      "question must be inside the compressed prefix: use the question-aware regime "
                                       "(--question-aware, or regimes = [\"aware\"] in a sweep config)")
             except CELL_ERRORS as e:
                 if not cell_errors:
@@ -165,7 +157,8 @@ class Engine:
                       errors=failed if cell_errors else None, question_window=question_window)
         t1 = time.perf_counter()
         errors.update({i: failed[k] for i, k in cell_key.items() if k in failed})
-        errors.update({i: failed[k] for i, ks in aux_keys.items() for k in ks.values() if k in failed and i not in errors})
+        errors.update({i: failed[k] for i, ks in aux_keys.items() for k in ks.values()
+                       if k in failed and i not in errors})
         L, Hkv = len(pre.keys), pre.keys[0].shape[1]
         full = KeepMask.full(L, Hkv, T, device=pre.keys[0].device)
         masks: list[KeepMask | None] = []

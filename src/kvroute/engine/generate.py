@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvroute.engine.decode import stop_ids
 
+if TYPE_CHECKING:
+    from kvroute.models.loading import LoadedModel
+
 
 @torch.inference_mode()
-def greedy_generate(lm: Any, input_ids: Sequence[int], *, max_new_tokens: int = 32) -> list[int]:
+def greedy_generate(lm: LoadedModel, input_ids: Sequence[int], *, max_new_tokens: int = 32) -> list[int]:
     """Greedy continuation of ``input_ids`` (full cache), stopping after an EOS token (included)."""
     ids = torch.tensor([list(input_ids)], device=lm.device)
     stop = stop_ids(lm.model, lm.tokenizer)
@@ -31,7 +34,7 @@ def greedy_generate(lm: Any, input_ids: Sequence[int], *, max_new_tokens: int = 
     return generated
 
 
-def greedy_answer(lm: Any, context: str, question: str, *, max_new_tokens: int = 32,
+def greedy_answer(lm: LoadedModel, context: str, question: str, *, max_new_tokens: int = 32,
                   system_prompt: str | None = None) -> str:
     """Greedy answer of ``lm`` to ``question`` about ``context`` with the model's chat template.
 

@@ -9,7 +9,7 @@ scores per layer gives exactly the scores every kvpress press would have used, a
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,21 +21,43 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from kvroute.engine.hooks import attention_hooks, base_model
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.models.queries import rotate_queries, rotated_queries
+from kvroute.presses.press import Press
 from kvroute.presses.scorers import ScoreInputs, Scorer
 from kvroute.presses.scorers.base import ModelScoreInputs
 from kvroute.presses.selection import Selection
+from kvroute.presses.selection.base import ScoreVariant
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScoreKey:
+    """What one score computation of the prefill is: equal keys are computed once and shared by their cells.
+
+    ``scorer``: the scorer's canonical spec; ``variant``: how the selection runs it (None for a selection's
+    auxiliary scores, always whole-context); ``ratio``: set only where the scores depend on it.
+    """
+
+    scorer: str
+    variant: ScoreVariant | None
+    ratio: float | None
 
 
 @dataclass(frozen=True)
 class ScoreRequest:
     """One score computation in the prefill: a scorer, the selection that runs it on each layer, a ratio."""
 
-    key: Hashable
+    key: ScoreKey
     scorer: Scorer
     selection: Selection | None = None  # its score_layer runs the scorer (None: the whole context)
     ratio: float | None = None  # only for ratio-dependent scorers and selections that score per ratio
+
+    @classmethod
+    def for_press(cls, press: Press, ratio: float) -> ScoreRequest:
+        """The request that scores ``press`` for ``ratio`` (kept in the key only where the scores depend on it)."""
+        r = ratio if (press.scorer.ratio_dependent or press.selection.scores_per_ratio) else None
+        key = ScoreKey(str(press.scorer.spec()), press.selection.score_variant(), r)
+        return cls(key, press.scorer, press.selection, r)
 
 
 class PrefillCapture(Protocol):
@@ -53,7 +75,7 @@ class PrefillResult:
     context_ids: torch.Tensor  # long [T]
     keys: list[torch.Tensor]  # per layer [1, Hkv, T, D], post-RoPE (shared by all cells, never copied)
     values: list[torch.Tensor]  # per layer [1, Hkv, T, D]
-    scores: dict[Hashable, torch.Tensor] = field(default_factory=dict)  # key -> [L, Hkv, T] (scorer's dtype)
+    scores: dict[ScoreKey, torch.Tensor] = field(default_factory=dict)  # key -> [L, Hkv, T] (scorer's dtype)
     seconds: float = 0.0
 
     @property
@@ -79,7 +101,8 @@ def prefill_attention(module: Any, hidden_states: torch.Tensor, keys: torch.Tens
 
 
 def _score_layer(req: ScoreRequest, x: ScoreInputs) -> torch.Tensor:
-    """``[1, Hkv, T]`` scores for one layer, as the request's selection runs its scorer (whole context, chunked, ...)."""
+    """``[1, Hkv, T]`` scores for one layer, as the request's selection runs its scorer (whole context, chunked,
+    ...)."""
     ratio = req.ratio if req.ratio is not None else 0.0
     if req.selection is None:
         return req.scorer.score(x, ratio)
@@ -100,7 +123,7 @@ def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.
 @torch.inference_mode()
 def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, requests: Sequence[ScoreRequest] = (),
             *, evidence: Sequence[int] | None = None, seed: int = 0, question_window: int = 0,
-            captures: Sequence[PrefillCapture] = (), errors: dict[Hashable, str] | None = None) -> PrefillResult:
+            captures: Sequence[PrefillCapture] = (), errors: dict[ScoreKey, str] | None = None) -> PrefillResult:
     """Run the context through ``model`` once with full attention; return its cache and all scores.
 
     Scorers with ``scores_after_prefill`` (KVzip's context replay) score after that forward, from
@@ -118,7 +141,7 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
                           dtype=torch.long, device=device).view(1, -1)
     ev = torch.as_tensor(list(evidence), dtype=torch.long, device=device) if evidence is not None else None
     layered = [r for r in requests if not r.scorer.scores_after_prefill]
-    per_layer: dict[Hashable, list[torch.Tensor]] = {r.key: [] for r in layered}
+    per_layer: dict[ScoreKey, list[torch.Tensor]] = {r.key: [] for r in layered}
     need_attn = any(r.scorer.needs_attentions for r in layered)
     need_queries = need_attn or bool(captures)
     projected: list[torch.Tensor] = []  # the current layer's q_proj output, kept by a hook (no recompute)

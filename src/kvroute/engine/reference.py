@@ -8,12 +8,15 @@ for logits.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
 
 from kvroute.presses import build_press
+
+if TYPE_CHECKING:
+    from kvroute.models.loading import LoadedModel
 
 
 def kvpress_press(spec: str, ratio: float, question_window: int = 0) -> Any:
@@ -26,13 +29,13 @@ def kvpress_press(spec: str, ratio: float, question_window: int = 0) -> Any:
     return press.selection.kvpress_counterpart(press.scorer, ratio, question_window)
 
 
-def kvpress_pipeline(lm: Any) -> Any:
+def kvpress_pipeline(lm: LoadedModel) -> Any:
     from kvpress import KVPressTextGenerationPipeline
 
     return KVPressTextGenerationPipeline(model=lm.model, tokenizer=lm.tokenizer, device=lm.model.device)
 
 
-def kvpress_answer(lm: Any, context: str, question: str, spec: str | None, ratio: float, *,
+def kvpress_answer(lm: LoadedModel, context: str, question: str, spec: str | None, ratio: float, *,
                    max_new_tokens: int = 32, answer_prefix: str = "", pipeline: Any = None,
                    question_window: int = 0) -> str:
     """kvpress pipeline's greedy answer (``spec=None``: no press)."""
@@ -58,7 +61,7 @@ class _attn:
       key length. Where all layers have one length the mask is passed on untouched.
     """
 
-    def __init__(self, lm: Any, spec: str | None) -> None:
+    def __init__(self, lm: LoadedModel, spec: str | None) -> None:
         self.cfg = lm.model.config
         self.eager = bool(spec) and build_press(spec).scorer.needs_attentions  # type: ignore[arg-type]
 
@@ -134,8 +137,8 @@ class FakeKeyProbe:
     kvpress does not drop a masked entry: it overwrites its key with a fake key chosen so that every
     current query's dot product with it is negative, scaled by ``1e5 / ||Y||²``, assuming that such a
     logit's weight underflows to zero. Softmax compares logits with each other, not with zero: a
-    query whose real logits are all lower still puts its weight on the fake keys. ``leak`` is the largest attention weight
-    any query of any decode forward put on masked entries (the question's forward included), in
+    query whose real logits are all lower still puts its weight on the fake keys. ``leak`` is the largest
+    attention weight any query of any decode forward put on masked entries (the question's forward included), in
     ``layer`` (Qwen2.5-0.5B's first layer has queries that put all of it there). ``exact=True`` also masks those entries
     exactly (−inf), which is what physically dropping them does and what kvroute's masked decode does.
     """
@@ -188,7 +191,7 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def kvpress_logits(lm: Any, context_ids: list[int], question_ids: list[int], spec: str | None, ratio: float,
+def kvpress_logits(lm: LoadedModel, context_ids: list[int], question_ids: list[int], spec: str | None, ratio: float,
                    question_window: int = 0) -> torch.Tensor:
     """Logits ``[Q, V]`` of the question tokens after kvpress compressed the context's cache."""
     model = lm.model
@@ -212,7 +215,8 @@ def kvpress_logits(lm: Any, context_ids: list[int], question_ids: list[int], spe
     return out.logits[0].float()
 
 
-def kvpress_prompt_ids(tokenizer: Any, context: str, question: str, answer_prefix: str = "") -> tuple[list[int], list[int]]:
+def kvpress_prompt_ids(tokenizer: Any, context: str, question: str,
+                       answer_prefix: str = "") -> tuple[list[int], list[int]]:
     """Token ids exactly as kvpress's pipeline preprocesses ``context`` and ``question``."""
     from kvpress import KVPressTextGenerationPipeline
 

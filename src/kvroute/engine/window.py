@@ -10,9 +10,12 @@ tokens; a text whose lower bound already exceeds the window is refused without t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvroute.errors import PromptTooLongError
+
+if TYPE_CHECKING:
+    from kvroute.models.loading import LoadedModel
 
 _LONGEST: dict[int, int] = {}
 
@@ -29,7 +32,7 @@ def max_token_chars(tokenizer: Any) -> int:
     return _LONGEST[key]
 
 
-def check_chars(lm: Any, n_chars: int, max_new_tokens: int) -> None:
+def check_chars(lm: LoadedModel, n_chars: int, max_new_tokens: int) -> None:
     """Raise :class:`PromptTooLongError` when ``n_chars`` of text cannot fit ``lm``'s window, without tokenising."""
     window = lm.info.context_window
     longest = max_token_chars(lm.tokenizer)
@@ -43,7 +46,7 @@ def check_chars(lm: Any, n_chars: int, max_new_tokens: int) -> None:
             "tokens; shorten the context or use a model with a longer window")
 
 
-def check_tokens(lm: Any, n_prompt_tokens: int, max_new_tokens: int) -> None:
+def check_tokens(lm: LoadedModel, n_prompt_tokens: int, max_new_tokens: int) -> None:
     """Raise :class:`PromptTooLongError` when the tokenised prompt plus the answer exceeds ``lm``'s window."""
     window = lm.info.context_window
     if window and n_prompt_tokens + max_new_tokens > window:

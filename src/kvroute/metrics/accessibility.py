@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,10 @@ import torch.nn.functional as F
 
 from kvroute.metrics.base import CellContext, Metric, register
 from kvroute.models.queries import rotated_queries
+
+if TYPE_CHECKING:
+    from kvroute.tasks.instance import TaskInstance
+    from kvroute.tasks.prompt import Prompt
 
 
 def null_position_sets(evidence: Sequence[int], lo: int, hi: int, n: int, rng: random.Random, *,
@@ -116,7 +120,7 @@ def scattered_position_sets(evidence: Sequence[int], lo: int, hi: int, n: int, r
     return [sorted(drawn[i * k:(i + 1) * k]) for i in range(m)]
 
 
-def document_range(tokenizer: Any, prompt: Any, instance: Any) -> tuple[int, int]:
+def document_range(tokenizer: Any, prompt: Prompt, instance: TaskInstance) -> tuple[int, int]:
     """Context tokens ``[lo, hi)`` that overlap the instance's document text (not the chat template or
     the instruction before it, not an in-context question after it)."""
     enc = tokenizer(prompt.context_text, add_special_tokens=False, return_offsets_mapping=True)
@@ -150,7 +154,7 @@ class EvidenceRollout:
         self.rows: list[torch.Tensor] = []
 
     @classmethod
-    def for_prompt(cls, prompt: Any, evidence: Sequence[int], *, settings: Any, seed: Any = 0,
+    def for_prompt(cls, prompt: Prompt, evidence: Sequence[int], *, settings: Any, seed: Any = 0,
                    doc_range: tuple[int, int] | None = None) -> EvidenceRollout:
         """The rollout of ``evidence`` plus ``settings.route_null`` null sources drawn for this prompt
         from the document's tokens ``doc_range`` (default: the context after the first ``n_sink``
@@ -347,8 +351,9 @@ class RoutedReachability(Metric):
     mean is insensitive at the full cache (Qwen2.5-0.5B, which answers 75% of the mask-control items,
     read 0.00 there). Both tests need ``ceil(1 / route_alpha) − 1`` null sources (19 at 0.05) and read
     undecided (None) in a document too short to hold that many disjoint copies of the evidence (a
-    3-sentence passage whose evidence is one sentence). ``routed_reachable_uncalibrated`` keeps the first rule (some head attends above ε
-    a kept token whose share is ≥ τ · the best evidence token's), which is true almost everywhere.
+    3-sentence passage whose evidence is one sentence). ``routed_reachable_uncalibrated`` keeps the first rule
+    (some head attends above ε a kept token whose share is ≥ τ · the best evidence token's), which is true
+    almost everywhere.
     """
 
     name = "routes"

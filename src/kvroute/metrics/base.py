@@ -9,22 +9,28 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from kvroute.registry import Registry
 
+if TYPE_CHECKING:
+    from kvroute.tasks.instance import TaskInstance
+    from kvroute.tasks.prompt import Prompt
+
 
 @dataclass(frozen=True)
 class MetricSettings:
-    """Operational choices of the metric definitions (documented in the README)."""
+    """Operational choices of the metric definitions (documented in docs/metrics.md)."""
 
     reach_kappa: float = 5.0  # ε = κ / (number of keys visible to the head): κ× uniform attention
-    route_tau: float = 0.5  # uncalibrated rule: a kept token carries evidence if its share ≥ τ · the best evidence token's
+    # uncalibrated rule: a kept token carries evidence if its share ≥ τ · the best evidence token's
+    route_tau: float = 0.5
     route_null: int = 19  # null sources (shifted copies of the evidence pattern) rolled out beside the evidence
     route_alpha: float = 0.05  # routed_reachable iff the rank-test p-value against the null draws is ≤ this
-    route_null_window: int = 128  # null shifts are drawn within ± this many tokens of the evidence (or wider, to hold 2n)
+    # null shifts are drawn within ± this many tokens of the evidence (or wider, to hold 2n)
+    route_null_window: int = 128
     n_sink: int = 4  # positions ignored by the *_nosink consensus variants
     partial_f1: float = 0.0  # F1 above this (but not correct) counts as partial
     probe_layer: float = 2 / 3  # depth (fraction of L) whose last-prompt-token state feeds the probe
@@ -34,8 +40,8 @@ class MetricSettings:
 class CellContext:
     """Everything a metric may read about one cell. Positions index the prompt's input_ids."""
 
-    instance: Any  # kvroute.tasks.TaskInstance
-    prompt: Any  # kvroute.tasks.prompt.Prompt
+    instance: TaskInstance
+    prompt: Prompt
     mask: Any  # KeepMask [L, Hkv, T]
     output: Any  # CellOutput of this cell
     full: Any  # CellOutput of the uncompressed cache

@@ -25,12 +25,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvroute.metrics.base import CellContext, Metric, register
 from kvroute.tasks.instance import IDK
+
+if TYPE_CHECKING:
+    from kvroute.tasks.instance import TaskInstance
+    from kvroute.tasks.prompt import Prompt
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class LensCandidates:
     seqs: tuple[tuple[int, ...], ...] = ()
 
 
-def answer_candidates(tokenizer: Any, prompt: Any, instance: Any,
+def answer_candidates(tokenizer: Any, prompt: Prompt, instance: TaskInstance,
                       gold_ids: Sequence[int] | None = None) -> LensCandidates:
     """The gold answer and the instance's distractors with their first in-context tokens.
 

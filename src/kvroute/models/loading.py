@@ -8,17 +8,15 @@ pickle files, and ``trust_remote_code`` stays off unless asked for.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
 from kvroute.errors import ConfigError, ModelLoadError, UnknownNameError, suggest
+from kvroute.hub import hub_offline, hub_reachable
 from kvroute.models import fetch
 from kvroute.models.zoo import ZOO, kvroute_home
 from kvroute.progress import SILENT, Progress
@@ -121,18 +119,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return _DTYPES[str(dtype).lower()]
     except KeyError:
         raise ConfigError(f"unknown dtype {dtype!r}; use one of auto, float32, bfloat16, float16") from None
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection (honours HF_ENDPOINT and HF_HUB_OFFLINE)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return False
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _finish(model: Any, device: torch.device) -> Any:
@@ -238,7 +224,7 @@ def _from_hub(repo: str, dtype: torch.dtype, attn: str, trust: bool) -> tuple[An
     kwargs = dict(dtype=dtype, use_safetensors=True, attn_implementation=attn, trust_remote_code=trust,
                   local_files_only=not online)
     try:
-        with fetch.quiet_transformers():
+        with fetch.quiet_transformers(), hub_offline(not online):
             tok = AutoTokenizer.from_pretrained(repo, trust_remote_code=trust, local_files_only=not online)
             model = AutoModelForCausalLM.from_pretrained(repo, **kwargs)
     except OSError as e:
@@ -303,7 +289,8 @@ def load_model(
 
 
 def load_tokenizer(source: str, *, home: Path | None = None, progress: Progress = SILENT) -> Any:
-    """Only the tokenizer of ``source``; a zoo model not pulled yet is read from its GGUF (downloaded, not converted)."""
+    """Only the tokenizer of ``source``; a zoo model not pulled yet is read from its GGUF (downloaded, not
+    converted)."""
     from transformers import AutoTokenizer
 
     home = home or kvroute_home()
@@ -317,7 +304,9 @@ def load_tokenizer(source: str, *, home: Path | None = None, progress: Progress 
         elif path.suffix == ".gguf" and path.is_file():
             tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         elif _HUB_ID.match(source):
-            tok = AutoTokenizer.from_pretrained(source, local_files_only=not hub_reachable())
+            online = hub_reachable()
+            with hub_offline(not online):
+                tok = AutoTokenizer.from_pretrained(source, local_files_only=not online)
     if tok is None:
         raise UnknownNameError("model", source, ZOO.names(), ZOO.hint)
     _quiet_length_warning(tok)

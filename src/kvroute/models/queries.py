@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.models.llama.modeling_llama import rotate_half
 
 
 def rotated_queries(module: Any, hidden_states: torch.Tensor,
@@ -26,6 +25,8 @@ def rotated_queries(module: Any, hidden_states: torch.Tensor,
 def rotate_queries(module: Any, projected: torch.Tensor,
                    position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Post-RoPE queries ``[B, H, T, D]`` from the ``q_proj`` output ``[B, T, H·D]`` (QK-norm, then RoPE)."""
+    from transformers.models.llama.modeling_llama import rotate_half  # (transformers: imported on first use)
+
     B, T, _ = projected.shape
     q = projected.view(B, T, -1, module.head_dim).transpose(1, 2)  # [B, H, T, D]
     if hasattr(module, "q_norm"):  # Qwen3 / Gemma3 QK-norm

@@ -25,7 +25,8 @@ class KeepMask:
 
     def __post_init__(self) -> None:
         if self.mask.dtype != torch.bool or self.mask.dim() != 3:
-            raise ValueError(f"KeepMask needs a bool [L, Hkv, T] tensor, got {self.mask.dtype} {tuple(self.mask.shape)}")
+            raise ValueError("KeepMask needs a bool [L, Hkv, T] tensor, "
+                             f"got {self.mask.dtype} {tuple(self.mask.shape)}")
 
     @classmethod
     def full(cls, num_layers: int, num_kv_heads: int, num_tokens: int, device: torch.device | str = "cpu") -> KeepMask:

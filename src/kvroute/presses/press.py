@@ -36,7 +36,6 @@ def build_press(spec: str | PressSpec) -> Press:
     ps = parse_press(spec) if isinstance(spec, str) else spec
     scorer = build_scorer(ps.scorer)
     selection = build_selection(ps.selection if ps.selection is not None else scorer.default_selection)
-    if hasattr(selection, "min_last"):  # chunked selection: a tail chunk must be scorable
-        selection.min_last = scorer.min_tokens()
+    selection.fit(scorer)
     selection.check_scorer(scorer)
     return Press(ps, scorer, selection)

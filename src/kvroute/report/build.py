@@ -91,10 +91,10 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
 
     with progress.task("report: drawing the figures", total=len(FIGURES)) as bar:
         baseline_note = " ('none' = the uncompressed baseline)" if "none" in s["presses"] else ""
-        cliff_caption = ("H(α), the hallucination rate against the compression ratio, per press with 95% bootstrap bands "
-                         "over instances; the dotted curve is the fitted sigmoid, the vertical line α*, the shaded span its "
-                         "interval (hatched where one end is not identified), the dashed line the monotone cross-check α½, "
-                         "▲ the safe ratio.")
+        cliff_caption = ("H(α), the hallucination rate against the compression ratio, per press with 95% bootstrap "
+                         "bands over instances; the dotted curve is the fitted sigmoid, the vertical line α*, the "
+                         "shaded span its interval (hatched where one end is not identified), the dashed line the "
+                         "monotone cross-check α½, ▲ the safe ratio.")
         opening = h.section("findings", "Findings", findings_html(s),
                             fig("fig-cliff", lambda: fc.cliff_figure(t.get("cliff_curves"), t.get("cliffs")),
                                 cliff_caption, why("cliff")))
@@ -104,53 +104,58 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                 + (f" ({s['n_instances_evidence_none']} with no answer located in the context: GER undefined, left out "
                    "of the retention statistics)" if s.get("n_instances_evidence_none") else "")
                 + f"; models: {', '.join(s['models'])}; "
-                f"presses: {', '.join(s['presses'])}{baseline_note}; regimes: {', '.join(s['regimes'])}; families: {', '.join(s['families'])}; "
-                f"ratios: {', '.join(f'{r:g}' for r in s['ratios'])}. The run manifest (versions, git commit, timings) is at "
-                "the end.")),
+                f"presses: {', '.join(s['presses'])}{baseline_note}; regimes: {', '.join(s['regimes'])}; families: "
+                f"{', '.join(s['families'])}; ratios: {', '.join(f'{r:g}' for r in s['ratios'])}. The run manifest "
+                "(versions, git commit, timings) is at the end.")),
             h.section("headline", "Headline numbers", h.paragraph(
-                "Families pooled, per model, press and regime. α* is the fitted sigmoid midpoint with its 95% bootstrap "
-                "interval over instances; the safe ratio is the largest ratio whose hallucination rate stays within "
-                f"δ = {cfg.delta:g} of the baseline at {cfg.confidence:.0%} confidence (one-sided). The GER link is read "
-                "within ratio (odds ratio per +0.1 GER and ΔP(H) evicted − retained at the same α, section 3); the pooled "
-                "r across ratios is confounded by α and shown only for comparison with the paper."),
+                "Families pooled, per model, press and regime. α* is the fitted sigmoid midpoint with its 95% "
+                "bootstrap interval over instances; the safe ratio is the largest ratio whose hallucination rate stays "
+                f"within δ = {cfg.delta:g} of the baseline at {cfg.confidence:.0%} confidence (one-sided). The GER "
+                "link is read within ratio (odds ratio per +0.1 GER and ΔP(H) evicted − retained at the same α, "
+                "section 3); the pooled r across ratios is confounded by α and shown only for comparison with the "
+                "paper."),
                 _headline_table(s["headline"]) if s["headline"] else h.note(why("cliff"))),
             h.section("cliff", "1. Hallucination cliff",
-                      '<p>The H(α) figure opens the report (<a href="#fig-cliff">Findings</a>); the fits per family:</p>',
+                      '<p>The H(α) figure opens the report (<a href="#fig-cliff">Findings</a>); '
+                      'the fits per family:</p>',
                       _cliff_table(t.get("cliffs"))),
             h.section("league", "Press league: the routing view at matched budgets",
-                      league_html(t.get("press_league"), why("press_league"), delta=cfg.delta, confidence=cfg.confidence,
-                                  min_instances=cfg.league_min_instances)),
+                      league_html(t.get("press_league"), why("press_league"), delta=cfg.delta,
+                                  confidence=cfg.confidence, min_instances=cfg.league_min_instances)),
             h.section("context", "2. α* against context length",
                       fig("fig-context", lambda: fc.context_figure(t.get("length_cliffs"), t.get("length_verdicts")),
-                          "α* and the critical kept-token budget (1 − α*)·T against T (long-context family), 95% intervals.",
+                          "α* and the critical kept-token budget (1 − α*)·T against T (long-context family), "
+                          "95% intervals.",
                           why("context_length")),
                       _verdict_table(t.get("length_verdicts"))),
             h.section("ger", "3. GER and hallucination",
-                      h.paragraph("Within ratio (the main reading): does eviction of the answer raise the hallucination "
-                                  "probability at the same α? Logistic regression of each compressed cell's hallucinated "
-                                  "flag on its GER with one intercept per ratio (ratio × family when families are pooled; "
-                                  "strata without variation in H or GER left out), and the Mantel–Haenszel difference "
-                                  "P(H | globally evicted) − P(H | retained) over the same strata; 95% intervals from a "
-                                  "bootstrap that resamples instances with all their cells."),
+                      h.paragraph("Within ratio (the main reading): does eviction of the answer raise the "
+                                  "hallucination probability at the same α? Logistic regression of each compressed "
+                                  "cell's hallucinated flag on its GER with one intercept per ratio (ratio × family "
+                                  "when families are pooled; strata without variation in H or GER left out), and the "
+                                  "Mantel–Haenszel difference P(H | globally evicted) − P(H | retained) over the same "
+                                  "strata; 95% intervals from a bootstrap that resamples instances with all their "
+                                  "cells."),
                       _table_or_note(t.get("ger_within_ratio"), _WITHIN_COLS, why("ger_within_ratio")),
                       fig("fig-ger", lambda: fc.ger_figure(t.get("ger_points"), t.get("ger_correlation")),
                           "Pooled across ratios, for comparison with the paper's r = 0.79–0.93 only: mean GER against "
                           "hallucination rate, one point per ratio, r is Pearson's over those points. Both curves rise "
-                          "with α, so r is high whether or not eviction matters at a given ratio (confounded by α), and "
-                          "its p-value treats the ratio points as independent.",
+                          "with α, so r is high whether or not eviction matters at a given ratio (confounded by α), "
+                          "and its p-value treats the ratio points as independent.",
                           why("ger_correlation")),
                       _table_or_note(t.get("conditional"), _COND_COLS, why("conditional"))),
             h.section("rau", "4. Retention, accessibility, utilization",
                       fig("fig-rau", lambda: fr.rau_figure(t.get("routing")),
-                          "Per ratio: retention (1 − GER), accessibility (evidence attention mass relative to the full cache, "
-                          "reachability shares) and utilization (F1, gold log-prob Δ), with the hallucination rate.",
+                          "Per ratio: retention (1 − GER), accessibility (evidence attention mass relative to the full "
+                          "cache, reachability shares) and utilization (F1, gold log-prob Δ), with the hallucination "
+                          "rate.",
                           why("routing")),
                       _breakdown_tables(t)),
             h.section("decomposition", "5. Failure decomposition: erasure or rigidity?",
                       fig("fig-decomposition", lambda: fr.decomposition_figure(t.get("decomposition")),
                           f"Failures (outcome other than correct: distractor, abstained, partial or fabricated) split "
-                          f"into erasure (ger_all_layers ≥ {cfg.ger_threshold:g}), retained failures (the answer kept in "
-                          f"some head) and failures whose GER is undefined (no answer occurrence in the context: "
+                          f"into erasure (ger_all_layers ≥ {cfg.ger_threshold:g}), retained failures (the answer kept "
+                          f"in some head) and failures whose GER is undefined (no answer occurrence in the context: "
                           f"unanswerable items, evidence 'none'), which are never counted as retained.",
                           why("decomposition")),
                       _decomposition_table(t.get("decomposition")),
@@ -158,47 +163,52 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
             h.section("consensus", "6. Layer-wise head consensus",
                       fig("fig-consensus", lambda: fr.consensus_figure(t.get("consensus_nosink_profiles"),
                                                                        group=t.get("consensus_group_nosink_profiles")),
-                          "Sink-free Consensus(ℓ) = distinct argmax keys / query heads at the last prompt token, argmax "
-                          "after the first n_sink positions (attention sinks excluded), per model; low means the heads "
-                          "agree. Full cache (solid, with its 95% instance-bootstrap interval) against compressed ratios "
-                          "(dashed, mean over presses); dotted: the GQA-aware value over KV groups, the one to compare "
-                          "across models with different group sizes.",
+                          "Sink-free Consensus(ℓ) = distinct argmax keys / query heads at the last prompt token, "
+                          "argmax after the first n_sink positions (attention sinks excluded), per model; low means "
+                          "the heads agree. Full cache (solid, with its 95% instance-bootstrap interval) against "
+                          "compressed ratios (dashed, mean over presses); dotted: the GQA-aware value over KV groups, "
+                          "the one to compare across models with different group sizes.",
                           why("consensus_nosink_profiles")),
                       _consensus_trend_table(t.get("consensus_trend"))),
             h.section("survival", "7. Evidence survival in one instance",
                       fig("fig-survival", lambda: survival_figure(survival) if survival is not None else None,
-                          "Which layers and KV heads keep the evidence tokens of one instance under one press and ratio.",
-                          "No keep-mask was supplied (pass survival=SurvivalExample(keep, evidence, ...) to build_report).")),
+                          "Which layers and KV heads keep the evidence tokens of one instance "
+                          "under one press and ratio.",
+                          "No keep-mask was supplied "
+                          "(pass survival=SurvivalExample(keep, evidence, ...) to build_report).")),
             h.section("probe", "8. Representation: answer identity and the logit lens",
-                      h.paragraph("Probes that can fail when the evidence is gone. Answer identity: which of the instance's "
-                                  "candidate values (the gold vs its distractors) is the answer, read from the last prompt "
-                                  "token through the logit lens (final norm + unembedding at every layer, the log-prob of "
-                                  "each candidate's first in-context token). A conditional-logit probe (softmax over one "
-                                  "instance's candidates, one shared weight per depth quarter) is scored out of fold with "
-                                  "instance-grouped folds, against chance = mean 1 / candidates; the untrained readout is "
-                                  "the last layer's argmax, the model's own preference. Whatever the question alone "
-                                  "reveals is shared by all candidates and cancels. Unanswerable items and items without a "
-                                  "distinguishable distractor (first tokens coincide) are left out and counted."),
+                      h.paragraph("Probes that can fail when the evidence is gone. Answer identity: which of the "
+                                  "instance's candidate values (the gold vs its distractors) is the answer, read from "
+                                  "the last prompt token through the logit lens (final norm + unembedding at every "
+                                  "layer, the log-prob of each candidate's first in-context token). A "
+                                  "conditional-logit probe (softmax over one instance's candidates, one shared weight "
+                                  "per depth quarter) is scored out of fold with instance-grouped folds, against "
+                                  "chance = mean 1 / candidates; the untrained readout is the last layer's argmax, the "
+                                  "model's own preference. Whatever the question alone reveals is shared by all "
+                                  "candidates and cancels. Unanswerable items and items without a distinguishable "
+                                  "distractor (first tokens coincide) are left out and counted."),
                       fig("fig-identity", lambda: fx.identity_figure(t.get("identity_probe")),
-                          "Answer-identity accuracy per ratio with its 95% instance-bootstrap band (solid), the untrained "
-                          "last-layer readout (dotted) and chance (dashed grey).", why("identity_probe")),
+                          "Answer-identity accuracy per ratio with its 95% instance-bootstrap band (solid), the "
+                          "untrained last-layer readout (dotted) and chance (dashed grey).", why("identity_probe")),
                       _table_or_note(t.get("identity_probe"), _IDENTITY_COLS, why("identity_probe")),
                       fig("fig-lens", lambda: fx.lens_figure(t.get("lens_profiles")),
                           "Mean log-probability of the gold answer's first in-context token under the logit lens, per "
                           "layer, full cache against the compressed ratios.", why("lens_profiles")),
-                      h.paragraph("Control: the answer-type probe reads the question. The type (Person, Date, …) follows "
-                                  "from the question's wording, which the question-agnostic regime never compresses, so "
-                                  "this probe stays high with every evidence token evicted; it shows that the question is "
-                                  "encoded, not that the evidence is usable."),
+                      h.paragraph("Control: the answer-type probe reads the question. The type (Person, Date, …) "
+                                  "follows from the question's wording, which the question-agnostic regime never "
+                                  "compresses, so this probe stays high with every evidence token evicted; it shows "
+                                  "that the question is encoded, not that the evidence is usable."),
                       fig("fig-probe", lambda: fr.probe_figure(t.get("probe")),
-                          "Control (reads the question): macro-F1 of a cross-validated logistic-regression probe for the "
-                          "answer type on the last-prompt-token features (± std over folds), next to exact-match accuracy.",
+                          "Control (reads the question): macro-F1 of a cross-validated logistic-regression probe for "
+                          "the answer type on the last-prompt-token features (± std over folds), next to exact-match "
+                          "accuracy.",
                           why("probe"))),
             h.section("routes", "Route-preserving selection: does it move the cliff?",
                       h.paragraph("Pairs of presses with the same scorer that differ only in selection: `+routes` "
                                   "(coverage across heads) against `+adakv` and per-head top-k. Δα* = α*(routes) − "
                                   "α*(other), with a 95% bootstrap interval that resamples instances jointly for both "
-                                  "presses; ΔH is the change in hallucination rate (negative = routes hallucinates less)."),
+                                  "presses; ΔH is the change in hallucination rate (negative = routes hallucinates "
+                                  "less)."),
                       fig("fig-routes", lambda: fx.routes_figure(t.get("selection_comparison")),
                           "ΔH(α) = H(routes) − H(other) per ratio with paired 95% bootstrap bands.",
                           why("selection_comparison") if "selection_comparison" in notes else
@@ -207,29 +217,36 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                                      "no press pair differing only in +routes selection in these records")),
             h.section("redundancy", "10. Redundancy: reachability against the heads that keep the evidence",
                       fig("fig-redundancy", lambda: fx.redundancy_figure(t.get("redundancy"), t.get("redundancy_fit")),
-                          "Empirical share of compressed cells whose evidence stays directly reachable, against k = the "
-                          "number of (layer, KV head) pairs keeping an evidence token (Wilson 95% intervals), beside "
-                          "1 − (1 − p)^k with p fitted by maximum likelihood.", why("redundancy")),
-                      _table_or_note(t.get("redundancy_fit"), [("model", "model"), ("p", "fitted p"), ("n_cells", "cells"),
-                                                               ("max_k", "largest k")], why("redundancy"))),
-            h.section("tickets", "11. Token-route lottery tickets", *_ticket_parts(tickets, ticket_images, t.get("cliffs"))),
+                          "Empirical share of compressed cells whose evidence stays directly reachable, against k = "
+                          "the number of (layer, KV head) pairs keeping an evidence token (Wilson 95% intervals), "
+                          "beside 1 − (1 − p)^k with p fitted by maximum likelihood.", why("redundancy")),
+                      _table_or_note(t.get("redundancy_fit"), [("model", "model"), ("p", "fitted p"),
+                                                               ("n_cells", "cells"), ("max_k", "largest k")],
+                                     why("redundancy"))),
+            h.section("tickets", "11. Token-route lottery tickets",
+                      *_ticket_parts(tickets, ticket_images, t.get("cliffs"))),
             h.section("examples", "12. Example answers per ratio", h.paragraph(
                 "A few answers per ratio, chosen at random (seeded), shown verbatim as text."),
                 _examples(df, examples_per_ratio, cfg.seed)),
             h.section("notes", "Notes and operational choices",
-                      h.table([{"setting": k, "value": v} for k, v in s["settings"].items()], [("setting", "setting"), ("value", "value")]),
-                      h.table([{"section": k, "note": v} for k, v in notes.items()], [("section", "section"), ("note", "note")])
+                      h.table([{"setting": k, "value": v} for k, v in s["settings"].items()],
+                              [("setting", "setting"), ("value", "value")]),
+                      h.table([{"section": k, "note": v} for k, v in notes.items()],
+                              [("section", "section"), ("note", "note")])
                       if notes else h.paragraph("Every section ran.")),
             h.section("manifest", "Run manifest", manifest_html(manifest)),
         ]
-        toc = [("findings", "Findings"), ("run", "What was run"), ("headline", "Headline numbers"), ("cliff", "Hallucination cliff"),
+        toc = [("findings", "Findings"), ("run", "What was run"), ("headline", "Headline numbers"),
+               ("cliff", "Hallucination cliff"),
                ("league", "Press league"), ("context", "α* against context length"), ("ger", "GER and hallucination"),
                ("rau", "Retention, accessibility, utilization"), ("decomposition", "Failure decomposition"),
                ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"),
                ("probe", "Identity and logit lens"),
-               ("routes", "Route-preserving selection"), ("redundancy", "Redundancy"), ("tickets", "Lottery tickets"), ("examples", "Example answers"),
+               ("routes", "Route-preserving selection"), ("redundancy", "Redundancy"), ("tickets", "Lottery tickets"),
+               ("examples", "Example answers"),
                ("notes", "Notes"), ("manifest", "Run manifest")]
-    meta = f"kvroute {__version__} · {s['n_records']} records · bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}"
+    meta = (f"kvroute {__version__} · {s['n_records']} records · "
+            f"bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}")
     files["summary.json"] = json.dumps(s, indent=2, allow_nan=False, ensure_ascii=False).encode("utf-8")
     files["report.html"] = h.page(title, meta, toc, body, opening=opening).encode("utf-8")  # last: the entry point
     write_folder(out, files, owned=REPORT_FILES)
@@ -286,7 +303,8 @@ _ROUTES_COLS = [("model", "model"), ("regime", "regime"), ("press_a", "press"), 
                 ("alpha_a", "α* (press)"), ("status_a", "fit (press)"), ("alpha_b", "α* (routes)"),
                 ("status_b", "fit (routes)"), ("delta_alpha", "Δα*"),
                 ("delta_alpha_low", "Δα* low"), ("delta_alpha_high", "Δα* high"),
-                ("delta_alpha_interval", "Δα* interval (open ends explained)"), ("boot_valid", "replicates with cliffs"),
+                ("delta_alpha_interval", "Δα* interval (open ends explained)"),
+                ("boot_valid", "replicates with cliffs"),
                 ("delta_h_top", "mean ΔH, α ≥ 0.7"), ("delta_h_top_low", "low"), ("delta_h_top_high", "high"),
                 ("n_instances", "instances")]
 
@@ -311,7 +329,8 @@ def _table_or_note(df: pd.DataFrame | None, cols: list[tuple[str, str]], missing
 
 def _headline_table(rows: list[dict[str, Any]]) -> str:
     return h.table(rows, [
-        ("model", "model"), ("press", "press"), ("regime", "regime"), ("alpha_star", "α*"), ("alpha_star_interval", "α* 95% CI"),
+        ("model", "model"), ("press", "press"), ("regime", "regime"), ("alpha_star", "α*"),
+        ("alpha_star_interval", "α* 95% CI"),
         ("cliff_status", "fit"), ("alpha_half", "α½ (monotone)"), ("alpha_half_interval", "α½ 95% CI"),
         ("alpha_chi_max", "argmax χ"), ("safe_ratio", "safe ratio"), ("h_baseline", "H(0)"),
         ("ger_or_per_tenth", "OR per +0.1 GER (within ratio)"), ("ger_or_per_tenth_ci", "OR 95% CI"),
@@ -333,7 +352,8 @@ def _cliff_table(cliffs: pd.DataFrame | None) -> str:
                             ("boot_below_grid", "reps below grid"), ("boot_beyond_grid", "reps beyond grid"),
                             ("boot_no_cliff", "reps no cliff"), ("alpha_half", "α½ (monotone)"),
                             ("alpha_half_low", "α½ low"), ("alpha_half_high", "α½ high"),
-                            ("alpha_half_identified", "α½ identified"), ("alpha_chi_max", "argmax χ"), ("chi_max", "max χ"),
+                            ("alpha_half_identified", "α½ identified"), ("alpha_chi_max", "argmax χ"),
+                            ("chi_max", "max χ"),
                             ("safe_ratio", "safe ratio"), ("n_instances", "instances"), ("reason", "note")],
                    text_columns=["reason"])
 
@@ -355,9 +375,9 @@ def _consensus_trend_table(trend: pd.DataFrame | None) -> str:
     if t.empty:
         return ""
     return (h.paragraph("Where the heads agree at the full cache: mean consensus over the first and the last third of "
-                        "the layers; 'funnel' (late convergence) or 'diversifying' only when the 95% instance-bootstrap "
-                        "interval of late − early excludes 0. consensus_withsink (sinks included) is shown for "
-                        "reference only.")
+                        "the layers; 'funnel' (late convergence) or 'diversifying' only when the 95% "
+                        "instance-bootstrap interval of late − early excludes 0. consensus_withsink (sinks included) "
+                        "is shown for reference only.")
             + h.table(t, [("model", "model"), ("regime", "regime"), ("measure", "measure"), ("early", "early"),
                           ("late", "late"), ("change", "late − early"), ("change_low", "low"),
                           ("change_high", "high"), ("trend", "trend")]))

@@ -37,7 +37,8 @@ def cliff_figure(curves: pd.DataFrame, cliffs: pd.DataFrame, *, family: str = "a
             label = _curve_label({"press": press, "regime": regime}, with_regime)
             ax.fill_between(g["ratio"], g["h_low"], g["h_high"], color=c, alpha=0.15, linewidth=0)
             ax.plot(g["ratio"], g["h"], style, marker="o", ms=3.5, color=c, label=label)
-            f = fits[(fits["model"] == model) & (fits["press"] == press) & (fits["regime"] == regime)] if not fits.empty else fits
+            f = (fits[(fits["model"] == model) & (fits["press"] == press) & (fits["regime"] == regime)]
+                 if not fits.empty else fits)
             if f.empty:
                 continue
             f = f.iloc[0]
@@ -82,8 +83,10 @@ def context_figure(by_length: pd.DataFrame, verdicts: pd.DataFrame) -> Figure | 
             continue
         label = short(f"{key[0]} · {key[1]}", 44)
         c = colors[key]
-        a_err = np.array([g["alpha_star"] - g["alpha_star_low"].astype(float), g["alpha_star_high"].astype(float) - g["alpha_star"]])
-        b_err = np.array([g["budget_star"] - g["budget_star_low"].astype(float), g["budget_star_high"].astype(float) - g["budget_star"]])
+        a_err = np.array([g["alpha_star"] - g["alpha_star_low"].astype(float),
+                          g["alpha_star_high"].astype(float) - g["alpha_star"]])
+        b_err = np.array([g["budget_star"] - g["budget_star_low"].astype(float),
+                          g["budget_star_high"].astype(float) - g["budget_star"]])
         # a point estimate may lie outside its percentile interval (skewed replicates): draw no bar on that side
         ax_a.errorbar(g["T"], g["alpha_star"], yerr=np.clip(np.nan_to_num(a_err), 0, None), marker="o", color=c,
                       capsize=3, label=label)
@@ -113,12 +116,15 @@ def ger_figure(points: pd.DataFrame, corr: pd.DataFrame, *, family: str = "all")
     for ax, model in zip(axes, models, strict=True):
         for i, ((press, regime), g) in enumerate(pts[pts["model"] == model].groupby(["press", "regime"], sort=True)):
             g = g.sort_values("ratio")
-            r = corr[(corr["model"] == model) & (corr["press"] == press) & (corr["regime"] == regime) & (corr["family"] == fam)]
+            r = corr[(corr["model"] == model) & (corr["press"] == press) & (corr["regime"] == regime)
+                     & (corr["family"] == fam)]
             pr = _num(r["pearson_r"].iloc[0]) if not r.empty else None
-            label = _curve_label({"press": press, "regime": regime}, with_regime) + (f"  r = {pr:.2f}" if pr is not None else "  r n/a")
+            label = (_curve_label({"press": press, "regime": regime}, with_regime)
+                     + (f"  r = {pr:.2f}" if pr is not None else "  r n/a"))
             ax.plot(g["ger"], g["h"], "-o", ms=4, color=colors[press], label=label, alpha=0.85)
             for _, p in g.iterrows() if i == 0 else ():  # ratio labels on the first curve only
-                ax.annotate(f"{p['ratio']:g}", (p["ger"], p["h"]), fontsize=6, xytext=(3, -8), textcoords="offset points")
+                ax.annotate(f"{p['ratio']:g}", (p["ger"], p["h"]), fontsize=6, xytext=(3, -8),
+                            textcoords="offset points")
         ax.set_title(short(model, 50))
         ax.set_xlabel("mean GER (answer tokens)")
         ax.set_xlim(-0.02, 1.02)

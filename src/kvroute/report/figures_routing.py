@@ -60,7 +60,8 @@ def rau_figure(routing: pd.DataFrame) -> Figure | None:
 
 
 def decomposition_figure(decomp: pd.DataFrame) -> Figure | None:
-    """Failure rate split into erasure, retained (rigidity-candidate) and undefined-GER failures, stacked over the ratio."""
+    """Failure rate split into erasure, retained (rigidity-candidate) and undefined-GER failures, stacked over the
+    ratio."""
     if decomp is None or decomp.empty:
         return None
     groups = _press_panels(decomp)
@@ -150,7 +151,8 @@ def probe_figure(probe: pd.DataFrame) -> Figure | None:
             ax.errorbar(g["ratio"], g["macro_f1"], yerr=g["macro_f1_std"].fillna(0), fmt="-o", ms=3, color=c,
                         capsize=2, label=f"probe macro-F1 · {short(press, 28)}")
             if g["accuracy"].notna().any():
-                ax.plot(g["ratio"], g["accuracy"], "--s", ms=3, color=c, alpha=0.7, label=f"accuracy · {short(press, 28)}")
+                ax.plot(g["ratio"], g["accuracy"], "--s", ms=3, color=c, alpha=0.7,
+                        label=f"accuracy · {short(press, 28)}")
         ax.set_title(short(model, 50))
         ax.set_xlabel("compression ratio α")
         ax.set_ylim(0, 1.02)

@@ -69,7 +69,8 @@ def identity_sentence(rows: list[dict[str, Any]]) -> str | None:
     if tops:
         w = min(tops, key=lambda r: r["identity_accuracy_at_max_ratio"])
         text += (f"; lowest at α = {w.get('identity_max_ratio'):g}: {w['press']} "
-                 f"{_n(w['identity_accuracy_at_max_ratio'], 2)} {_ci(w.get('identity_accuracy_at_max_ratio_ci'), 2) or ''}"
+                 f"{_n(w['identity_accuracy_at_max_ratio'], 2)} "
+                 f"{_ci(w.get('identity_accuracy_at_max_ratio_ci'), 2) or ''}"
                  ).rstrip()
     return text
 
@@ -108,11 +109,12 @@ def findings_html(summary: dict[str, Any]) -> str:
     """The findings as an HTML list (every piece escaped), or a note when there is no headline row."""
     items = findings(summary)
     if not items:
-        return h.note("No headline finding: " + ((summary.get("notes") or {}).get("cliff") or "no cliff could be fitted"))
+        return h.note("No headline finding: "
+                      + ((summary.get("notes") or {}).get("cliff") or "no cliff could be fitted"))
     settings = summary.get("settings") or {}
     lis = "".join(f"<li><strong>{h.esc(label)}</strong>: {h.esc(text)}</li>" for label, text in items)
     key = (f"{settings.get('confidence', 0.95):.0%} bootstrap intervals over instances in brackets. α*: the fitted "
            "sigmoid midpoint of the hallucination rate H(α); halfway crossing: the model-free cross-check; safe ratio: "
-           f"the largest ratio whose H stays within δ = {settings.get('delta', 0.05):g} of the uncompressed one; OR: odds "
-           "of hallucinating per +0.1 GER (answer evicted from more heads) at the same ratio.")
+           f"the largest ratio whose H stays within δ = {settings.get('delta', 0.05):g} of the uncompressed one; OR: "
+           "odds of hallucinating per +0.1 GER (answer evicted from more heads) at the same ratio.")
     return f'<ul class="findings">{lis}</ul><p class="meta">{h.esc(key)}</p>'

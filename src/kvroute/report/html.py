@@ -19,9 +19,11 @@ CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1.2rem auto; max-width: 1180px;
        color: #222; line-height: 1.45; padding: 0 1rem; }
-h1 { font-size: 1.5rem; margin: 0 0 0.1rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2.2rem; }
+h1 { font-size: 1.5rem; margin: 0 0 0.1rem; } \
+h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2.2rem; }
 header p.meta { margin: 0 0 0.4rem; }
-.meta { color: #666; font-size: 0.88rem; } .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.5rem 0.8rem; }
+.meta { color: #666; font-size: 0.88rem; } \
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.5rem 0.8rem; }
 #findings h2 { margin-top: 0.6rem; } ul.findings { margin: 0.3rem 0; padding-left: 1.2rem; font-size: 0.9rem; }
 ul.findings li { margin: 0.1rem 0; } #findings figure { margin: 0.5rem 0; }
 nav ol { columns: 3; font-size: 0.92rem; }
@@ -83,7 +85,8 @@ def table(df: pd.DataFrame | Sequence[dict], columns: Sequence[tuple[str, str]] 
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = f'<p class="meta">{len(rows) - max_rows} more rows in summary.json.</p>' if len(rows) > max_rows else ""
     # the box scrolls sideways, not the page, when a table is wider than the window
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>{more}'
+    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>{more}')
 
 
 def figure(fig_id: str, uri: str, caption: str) -> str:

@@ -1,6 +1,6 @@
 """The sweep config: models × tasks × presses × ratios × regimes × seeds, plus decoding and metrics.
 
-A config file (TOML, YAML or JSON; see the README's "Sweeps" section for a complete example) is
+A config file (TOML, YAML or JSON; docs/running.md, "Sweeps", has a complete example) is
 checked key by key when it is loaded, before any model or tokenizer is touched. Every problem is a
 :class:`~kvroute.errors.ConfigError` naming the file, the key and what is allowed; unknown keys
 fail with the closest known ones. ``--set dotted.key=value`` overrides are applied to the raw
@@ -23,7 +23,7 @@ from kvroute.config import apply_overrides, check_keys, load_mapping
 from kvroute.errors import ConfigError, KvrouteError
 from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
 from kvroute.presses import build_press, check_ratio
-from kvroute.runner import RunSettings
+from kvroute.settings import RunSettings
 from kvroute.tasks import FAMILIES, TaskSpec
 from kvroute.tasks.prompt import REGIMES
 
@@ -154,7 +154,7 @@ class _Where:
 def _list(data: Mapping[str, Any], key: str, w: _Where, default: Any = None) -> list[Any]:
     if key not in data:
         if default is None:
-            raise w.error(key, "missing; this key is required (see the README's Sweeps section)")
+            raise w.error(key, "missing; this key is required (see docs/running.md, Sweeps)")
         return list(default)
     v = data[key]
     if isinstance(v, str | int | float) and not isinstance(v, bool):

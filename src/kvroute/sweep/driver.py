@@ -138,7 +138,8 @@ def check_resume_settings(run_dir: str | Path, config: SweepConfig, *, new_setti
 
 
 def check_backend(backend: str) -> None:
-    """Raise :class:`~kvroute.errors.UnknownNameError` (closest matches named) unless ``backend`` is in :data:`BACKENDS`."""
+    """Raise :class:`~kvroute.errors.UnknownNameError` (closest matches named) unless ``backend`` is in
+    :data:`BACKENDS`."""
     if backend not in BACKENDS:
         raise UnknownNameError("backend", backend, BACKENDS,
                                "(ray needs pip install 'kvroute[ray]' and a cluster or a local ray.init())")

@@ -27,14 +27,11 @@ from typing import Any
 
 from kvroute.errors import ConfigError, StoreError
 from kvroute.files import atomic_write, check_output_file
+from kvroute.record_format import TEXT_FIELDS
 from kvroute.sweep.store import check_integrity, read_records
 
 FORMATS = ("parquet", "csv")
 ORDER = "model, regime, seed, instance_id, press != 'none', press, ratio"
-#: record fields that are always text, whatever they look like (an answer "True" or "[1]" stays a string)
-TEXT_FIELDS = frozenset({"model", "instance_id", "press", "regime", "settings", "family", "answer_type",
-                         "question_type", "evidence", "scorer", "selection", "status", "error", "answer",
-                         "outcome", "key", "id"})
 _MISSING = "nan"
 _INT = re.compile(r"^[+-]?\d+$")
 

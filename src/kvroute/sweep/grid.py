@@ -17,11 +17,14 @@ import hashlib
 import json
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvroute.engine.engine import NO_PRESS, Cell
+from kvroute.engine.cell import NO_PRESS, Cell
 from kvroute.presses import build_press
 from kvroute.sweep.config import ModelSpec, SweepConfig
+
+if TYPE_CHECKING:
+    from kvroute.tasks.instance import TaskInstance
 
 KEY_LENGTH = 32  # hex characters of sha256 kept (128 bits)
 
@@ -43,7 +46,7 @@ class WorkUnit:
     """One prefill's worth of cells: (model, instance, regime, seed) × cells, with one key per cell."""
 
     model: str  # ModelSpec.name
-    instance: Any  # kvroute.tasks.TaskInstance
+    instance: TaskInstance
     regime: str
     seed: int
     cells: tuple[Cell, ...]
@@ -54,7 +57,8 @@ class WorkUnit:
 
 
 def grid_cells(config: SweepConfig) -> list[tuple[Cell, str]]:
-    """Every (press, ratio) cell of one unit with its canonical press name: the baseline first, then presses × ratios."""
+    """Every (press, ratio) cell of one unit with its canonical press name: the baseline first, then presses ×
+    ratios."""
     out: list[tuple[Cell, str]] = []
     if any(r == 0 for r in config.ratios):
         out.append((Cell(NO_PRESS, 0.0), NO_PRESS))

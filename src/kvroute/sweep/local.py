@@ -17,7 +17,8 @@ from typing import Any
 from kvroute.engine import Engine
 from kvroute.errors import KvrouteError, SweepError
 from kvroute.records import KEY_FIELDS
-from kvroute.runner import RunSettings, run_instance
+from kvroute.runner import run_instance
+from kvroute.settings import RunSettings
 from kvroute.sweep.config import ModelSpec, SweepConfig
 from kvroute.sweep.grid import WorkUnit
 

@@ -1,7 +1,7 @@
 """``RUN_DIR/manifest.json``: what a run was (resolved config, versions, git hash, device) and when.
 
-The manifest is rewritten atomically (temp file + fsync + rename, :func:`kvroute.files.atomic_write`) at the start and the end of every
-session, so it is always valid JSON. A resumed run keeps its first ``started`` time and appends
+The manifest is rewritten atomically (temp file + fsync + rename, :func:`kvroute.files.atomic_write`) at the start
+and the end of every session, so it is always valid JSON. A resumed run keeps its first ``started`` time and appends
 one entry per session to ``sessions`` (backend, times, cells computed, how it ended).
 
 A session killed with SIGKILL cannot record how it ended and stays ``"running"``; since one sweep at

@@ -21,7 +21,7 @@ from typing import Any
 
 from kvroute.engine import Engine
 from kvroute.errors import KvrouteError, SweepError
-from kvroute.runner import RunSettings
+from kvroute.settings import RunSettings
 from kvroute.sweep.config import ModelSpec, SweepConfig
 from kvroute.sweep.grid import WorkUnit, shards
 from kvroute.sweep.local import Sink, free_memory, load_engine, run_units

@@ -8,7 +8,7 @@ Layout (schema version 1):
   time a field appears, so ``SELECT * FROM records`` is the long-format table. Scalars are plain
   SQLite values (booleans as 0/1). Lists of floats (per-layer vectors, ``probe_features``) are
   little-endian float32 blobs when that is lossless, else JSON text; other lists and tables are
-  JSON text.
+  JSON text (the encoding is :mod:`kvroute.record_format`'s, which the export and the analysis decode with).
 * ``columns`` — (name, kind) for every record column, kind in bool | int | float | text | vector |
   json, so readers restore the Python values exactly (:func:`decode_value`, :func:`decode_columns`).
 * ``meta`` — (key, value); ``schema_version``.
@@ -31,23 +31,20 @@ the writer. Only the process that holds the run lock (:mod:`kvroute.sweep.lock`)
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
 import sqlite3
-import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvroute.errors import StoreError
+from kvroute.record_format import STORE_NAME, TABLE, decode_value, encode_list, kind_of
 from kvroute.sweep.lock import RunLock
 
 log = logging.getLogger(__name__)
 
-STORE_NAME = "store.sqlite"
-TABLE = "records"
 SCHEMA_VERSION = "1"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FAMILY = {"bool": "bool", "int": "number", "float": "number", "text": "text", "vector": "list", "json": "list"}
@@ -57,55 +54,12 @@ _TYPES: dict[str, frozenset[type]] = {
 }
 
 
-def kind_of(v: Any) -> str:
-    """The column kind a (non-None) value asks for."""
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "float"
-    if isinstance(v, str):
-        return "text"
-    if isinstance(v, list | tuple):
-        return "vector" if v and type(v[0]) is float else "json"
-    if isinstance(v, dict):
-        return "json"
-    raise StoreError(f"cannot store a value of type {type(v).__name__} ({v!r:.60}); records hold plain Python values")
-
-
 def _plain(v: Any) -> Any:
     """numpy/torch scalars and arrays → Python values (the slow path, for values of unexpected types)."""
     if hasattr(v, "tolist"):
         return v.tolist()
     if hasattr(v, "item"):
         return v.item()
-    return v
-
-
-def encode_list(v: Sequence[Any] | Mapping[str, Any]) -> bytes | str:
-    """A float32 blob when every value survives float32 exactly, else JSON text."""
-    if isinstance(v, list | tuple) and v and type(v[0]) is float:
-        try:
-            blob = struct.pack(f"<{len(v)}f", *v)
-        except (struct.error, OverflowError, TypeError):
-            pass
-        else:
-            if struct.unpack(f"<{len(v)}f", blob) == tuple(v):
-                return blob
-    return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
-
-
-def decode_value(kind: str, v: Any) -> Any:
-    """Undo the encoding of one stored value of a column of ``kind``."""
-    if v is None:
-        return None
-    if kind in ("vector", "json"):
-        if isinstance(v, bytes):
-            return list(struct.unpack(f"<{len(v) // 4}f", v))
-        return json.loads(v) if isinstance(v, str) else v
-    if kind == "bool":
-        return bool(v)
     return v
 
 
@@ -406,7 +360,8 @@ def quick_check(con: sqlite3.Connection, path: str | Path) -> None:
 
 
 def check_integrity(run_dir: str | Path) -> None:
-    """Check a run store (``RUN_DIR/store.sqlite`` or the file itself) with ``PRAGMA quick_check``; no store, no check."""
+    """Check a run store (``RUN_DIR/store.sqlite`` or the file itself) with ``PRAGMA quick_check``; no store, no
+    check."""
     path = Path(run_dir)
     path = path / STORE_NAME if path.is_dir() else path
     if not path.is_file():

@@ -193,54 +193,69 @@ def _same_normalised(text: str, answers: Sequence[str]) -> bool:
 
 def validate(inst: TaskInstance) -> None:
     """Check every field of ``inst``; raise :class:`TaskFormatError` naming the first bad field."""
+    _validate_identity(inst)
+    _validate_content(inst)
+    _validate_spans(inst)
 
-    def fail(fld: str, msg: str) -> TaskFormatError:
-        return TaskFormatError(msg, field=fld)
 
+def _fail(fld: str, msg: str) -> TaskFormatError:
+    return TaskFormatError(msg, field=fld)
+
+
+def _validate_identity(inst: TaskInstance) -> None:
+    """id, family, version, seed."""
     if not isinstance(inst.id, str) or not inst.id:
-        raise fail("id", "must be a non-empty string")
+        raise _fail("id", "must be a non-empty string")
     bad = next((c for c in inst.id if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")), None)
     if bad is not None:
-        raise fail("id", f"holds the control character {bad!r} (ids are names: no NUL, newline, tab or escape "
+        raise _fail("id", f"holds the control character {bad!r} (ids are names: no NUL, newline, tab or escape "
                          "characters); use printable text")
     if len(inst.id) > MAX_ID_LENGTH:
-        raise fail("id", f"is {len(inst.id)} characters long; ids may have at most {MAX_ID_LENGTH}")
+        raise _fail("id", f"is {len(inst.id)} characters long; ids may have at most {MAX_ID_LENGTH}")
     if not isinstance(inst.family, str) or not inst.family:
-        raise fail("family", "must be a non-empty string")
+        raise _fail("family", "must be a non-empty string")
     if not isinstance(inst.version, int) or isinstance(inst.version, bool) or inst.version < 0:
-        raise fail("version", f"must be a non-negative integer, got {inst.version!r}")
+        raise _fail("version", f"must be a non-negative integer, got {inst.version!r}")
     if inst.seed is not None and (not isinstance(inst.seed, int) or isinstance(inst.seed, bool)):
-        raise fail("seed", f"must be an integer or null, got {inst.seed!r}")
+        raise _fail("seed", f"must be an integer or null, got {inst.seed!r}")
+
+
+def _validate_content(inst: TaskInstance) -> None:
+    """context, question, unanswerable, answers, answer and question types."""
     for name in ("context", "question"):
         if not isinstance(getattr(inst, name), str) or not getattr(inst, name).strip():
-            raise fail(name, "must be a non-empty string")
+            raise _fail(name, "must be a non-empty string")
     if not isinstance(inst.unanswerable, bool):
-        raise fail("unanswerable", f"must be true or false, got {inst.unanswerable!r}")
+        raise _fail("unanswerable", f"must be true or false, got {inst.unanswerable!r}")
     if not inst.answers or not all(isinstance(a, str) and a.strip() for a in inst.answers):
-        raise fail("answers", "must be a non-empty list of non-empty strings")
+        raise _fail("answers", "must be a non-empty list of non-empty strings")
     if inst.answer_type not in ANSWER_TYPES:
-        raise fail("answer_type", f"{inst.answer_type!r} is not one of {', '.join(ANSWER_TYPES)}")
+        raise _fail("answer_type", f"{inst.answer_type!r} is not one of {', '.join(ANSWER_TYPES)}")
     if inst.question_type not in QUESTION_TYPES:
-        raise fail("question_type", f"{inst.question_type!r} is not one of {', '.join(QUESTION_TYPES)}")
+        raise _fail("question_type", f"{inst.question_type!r} is not one of {', '.join(QUESTION_TYPES)}")
+
+
+def _validate_spans(inst: TaskInstance) -> None:
+    """answer and evidence spans, distractors, meta."""
     n = len(inst.context)
     for name in ("answer_spans", "evidence_spans"):
         for i, (s, e) in enumerate(getattr(inst, name)):
             if not 0 <= s < e <= n:
-                raise fail(name, f"span {i} [{s}, {e}] is out of range for a context of {n} characters "
+                raise _fail(name, f"span {i} [{s}, {e}] is out of range for a context of {n} characters "
                                  "(need 0 <= start < end <= len(context))")
     if inst.unanswerable and inst.answer_spans:
-        raise fail("answer_spans", "an unanswerable instance has no answer spans; use []")
+        raise _fail("answer_spans", "an unanswerable instance has no answer spans; use []")
     golds = set(inst.answers)
     for i, sp in enumerate(inst.answer_spans):
         text = inst.context[sp[0]:sp[1]]
         if text not in golds and not _same_normalised(text, inst.answers):
-            raise fail("answer_spans", f"span {i} [{sp[0]}, {sp[1]}] covers {text!r}, which is not one of the "
+            raise _fail("answer_spans", f"span {i} [{sp[0]}, {sp[1]}] covers {text!r}, which is not one of the "
                                        f"answers {list(inst.answers)!r}")
     for i, d in enumerate(inst.distractors):
         if not d.strip() or d not in inst.context:
-            raise fail("distractors", f"item {i} {d!r} does not occur in the context")
+            raise _fail("distractors", f"item {i} {d!r} does not occur in the context")
     if not isinstance(inst.meta, Mapping):
-        raise fail("meta", "must be a JSON object")
+        raise _fail("meta", "must be a JSON object")
     fmt = inst.meta.get("format", FORMAT_VERSION)
     if not isinstance(fmt, int) or fmt > FORMAT_VERSION:
-        raise fail("meta", f"format {fmt!r} is newer than this kvroute reads ({FORMAT_VERSION}); upgrade kvroute")
+        raise _fail("meta", f"format {fmt!r} is newer than this kvroute reads ({FORMAT_VERSION}); upgrade kvroute")

@@ -40,7 +40,8 @@ def save_ticket(run_dir: str | Path, model: str, target: str, family: str, ticke
                             evidence=np.array(ticket.evidence, dtype=np.int64))
     if ticket.evidence:
         fig = survival_heatmap(mask, ticket.evidence, answer=ticket.answer_positions,
-                               title=f"{model}: ticket for {ticket.instance_id} ({100 * s['fraction']:.2f}% of the cache)")
+                               title=f"{model}: ticket for {ticket.instance_id} "
+                                     f"({100 * s['fraction']:.2f}% of the cache)")
         write_bytes(folder / f"{stem}.png", png_bytes(fig))
     line = {"model": model, "target": target, "family": family, **s}
     text = json.dumps(line) + "\n"

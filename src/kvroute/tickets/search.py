@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,10 @@ from kvroute.metrics.hallucination import classify
 from kvroute.presses.keepmask import KeepMask
 from kvroute.progress import SILENT, Progress
 from kvroute.tasks.prompt import build_prompt
+
+if TYPE_CHECKING:
+    from kvroute.models.loading import LoadedModel
+    from kvroute.tasks.instance import TaskInstance
 
 log = logging.getLogger(__name__)
 TARGETS = ("gold", "full")
@@ -127,7 +131,9 @@ def importance(full: CellOutput, T: int, group_size: int) -> torch.Tensor:
     return a.view(L, H // group_size, group_size, T).sum(2)  # [L, Hkv, T]: query head h -> KV head h // G
 
 
-def find_ticket(lm: Any, instance: Any, *, regime: str = "agnostic", settings: TicketSettings = TicketSettings(),
+# complexity: the search's phases (baseline, bisection, pruning, verification) share the candidate mask and its tally
+def find_ticket(lm: LoadedModel, instance: TaskInstance, *, regime: str = "agnostic",  # noqa: C901
+                settings: TicketSettings = TicketSettings(),
                 system_prompt: str | None = None, answer_prefix: str = "", progress: Progress = SILENT) -> Ticket:
     """Search a token-route lottery ticket for ``instance`` on ``lm`` (see the module docstring).
 

@@ -129,12 +129,15 @@ def coverage(n_sets: int = 200, seed: int = 0, *, n_boot: int = 200) -> list[dic
                 s = _summarise(mono_est, mono_iv, half_truth)
                 rows.append({"estimator": "monotone α½", "parameter": "alpha_half", "truth": half_truth, **common, **s,
                              "share_detected": float(np.mean([e is not None for e in mono_est])),
-                             "note": f"isotonic halfway crossing vs. the same crossing of the true H on the grid, interval "
-                                     f"rounded out to the tested ratios; {curve}"})
+                             "note": "isotonic halfway crossing vs. the same crossing of the true H on the grid, "
+                                     f"interval rounded out to the tested ratios; {curve}"})
             else:
                 rows.append({"estimator": "monotone α½", "parameter": "alpha_half", "truth": None, **common,
                              "mean_estimate": None, "coverage": None,
-                             "note": f"the true curve's crossing is {'beyond' if half_code[0] == BEYOND_GRID else 'below' if half_code[0] == BELOW_GRID else 'not on'} the grid: not identifiable; {curve}"})
+                             "note": ("the true curve's crossing is "
+                                      + ("beyond" if half_code[0] == BEYOND_GRID
+                                         else "below" if half_code[0] == BELOW_GRID else "not on")
+                                      + f" the grid: not identifiable; {curve}")})
             s = _summarise(mono_est, mono_iv, astar)
             rows.append({"estimator": "monotone α½", "parameter": "alpha_star", "truth": astar, **common, **s,
                          "share_detected": float(np.mean([e is not None for e in mono_est])),

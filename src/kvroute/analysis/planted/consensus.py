@@ -187,7 +187,8 @@ def coverage(n_sets: int = 200, seed: int = 0) -> list[dict]:
         case = tensor_case(rng, seed * 100_003 + s)
         for G, per_g in case.items():
             for name, expected in per_g["truth"].items():
-                exact.setdefault((G, name), []).append(np.allclose(per_g["measured"][name], expected, rtol=0, atol=1e-12))
+                exact.setdefault((G, name), []).append(np.allclose(per_g["measured"][name], expected,
+                                                                   rtol=0, atol=1e-12))
         m1 = case[GROUP_SIZES[0]]["measured"]
         sinks_matter.append(m1["consensus_withsink"] != m1["consensus_nosink"])
         g1 = m1["consensus_group_nosink"]
@@ -211,7 +212,8 @@ def coverage(n_sets: int = 200, seed: int = 0) -> list[dict]:
                  "parameter": f"equal across group sizes {GROUP_SIZES}",
                  "truth": "planted", "n_sets": n_sets, "mean_estimate": None, "coverage": None,
                  "recovered": float(np.mean(same_group)),
-                 "note": f"per-head consensus_nosink differs across group sizes in {np.mean(head_differs):.0%} of sets"})
+                 "note": "per-head consensus_nosink differs across group sizes in "
+                         f"{np.mean(head_differs):.0%} of sets"})
     # (b)
     cov: dict[tuple[str, str], list[np.ndarray]] = {}
     est: dict[tuple[str, str], list[np.ndarray]] = {}
@@ -226,7 +228,8 @@ def coverage(n_sets: int = 200, seed: int = 0) -> list[dict]:
             for shape in SHAPES:
                 p = prof[prof["model"] == shape].sort_values("layer")
                 truth = true_consensus(shape, units)
-                cov.setdefault((shape, col), []).append((p["low"].to_numpy() <= truth) & (truth <= p["high"].to_numpy()))
+                cov.setdefault((shape, col), []).append((p["low"].to_numpy() <= truth)
+                                                        & (truth <= p["high"].to_numpy()))
                 est.setdefault((shape, col), []).append(p["value"].to_numpy())
                 t = trend[trend["model"] == shape].iloc[0]
                 trend_ok.setdefault((shape, col), []).append(t["trend"] == TRUE_TREND[shape])
@@ -235,13 +238,15 @@ def coverage(n_sets: int = 200, seed: int = 0) -> list[dict]:
     for (shape, col), c in cov.items():
         per_layer = np.mean(c, axis=0)  # [L]
         truth = true_consensus(shape, HEADS if col == CONSENSUS_COL else KV_GROUPS)
-        rows.append({"estimator": f"layer_profiles({col})", "scenario": shape, "parameter": f"{shape}: per-layer mean, worst layer",
+        rows.append({"estimator": f"layer_profiles({col})", "scenario": shape,
+                     "parameter": f"{shape}: per-layer mean, worst layer",
                      "truth": f"{truth[0]:.3f} → {truth[-1]:.3f}", "n_sets": n_sets,
                      "mean_estimate": float(np.mean(np.abs(np.mean(est[(shape, col)], axis=0) - truth))),
                      "coverage": float(per_layer.min()), "mean_layer_coverage": float(per_layer.mean()),
                      "note": "mean_estimate = mean |bias| over layers; coverage = the worst layer's share"})
         units = HEADS if col == CONSENSUS_COL else KV_GROUPS
-        rows.append({"estimator": f"profile_trend({col})", "scenario": shape, "parameter": f"{shape}: late − early, and the label",
+        rows.append({"estimator": f"profile_trend({col})", "scenario": shape,
+                     "parameter": f"{shape}: late − early, and the label",
                      "truth": true_change(shape, units), "n_sets": n_sets, "mean_estimate": None,
                      "coverage": float(np.mean(change_cov[(shape, col)])),
                      "recovered": float(np.mean(trend_ok[(shape, col)])),

@@ -148,7 +148,8 @@ def coverage(n_sets: int = 200, seed: int = 0, n_boot: int = N_BOOT) -> list[dic
             for c, v in old_rule_shares(df).items():
                 old[c].append(v)
             if sc.n_seeds > 1:  # the same bootstrap over cells, as if the seeds of an instance were independent
-                cells = df.drop(columns="_true_class").assign(instance_id=df["instance_id"] + "/" + df["seed"].astype(str))
+                cells = df.drop(columns="_true_class").assign(
+                    instance_id=df["instance_id"] + "/" + df["seed"].astype(str))
                 dn = failure_decomposition(cells, n_boot=n_boot, seed=seed + k).iloc[0]
                 for c in FAILURE_CLASSES:
                     naive[c].append(bool(dn[f"{c}_share_low"] - 1e-12 <= sc.truth[c] <= dn[f"{c}_share_high"] + 1e-12))

@@ -1,5 +1,3 @@
-from kvpress import CompactorPress
-
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.kvpress_adapter import register_kvpress
 
@@ -8,7 +6,7 @@ from kvroute.presses.scorers.kvpress_adapter import register_kvpress
 # part draws a Gaussian sketch: seeded per (seed, layer), see kvpress_adapter. The middle (between
 # the protected sinks and the recent tokens) needs two tokens for its z-scores.
 register_kvpress(
-    "compactor", CompactorPress,
+    "compactor", "CompactorPress",
     "blending·leverage + non-causal chunked attention, first and last tokens kept; blending = the ratio unless "
     "given; sketch seeded per (seed, layer) (Compactor, kvpress).",
     ratio_dependent_if=lambda p: p["blending"] is None, random_draws=True,

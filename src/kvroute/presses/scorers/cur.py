@@ -1,12 +1,10 @@
-from kvpress import CURPress
-
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.kvpress_adapter import register_kvpress
 
 # use_random_leverage=true projects keys and values with a Gaussian matrix drawn from torch's
 # generator: seeded per (seed, layer), see kvpress_adapter.
 register_kvpress(
-    "cur", CURPress,
+    "cur", "CURPress",
     "CUR leverage of keys and values (squared norms, locally normalised), first num_sinks kept; "
     "use_random_leverage seeded per (seed, layer) (CurDKV, kvpress).",
     random_draws=True,

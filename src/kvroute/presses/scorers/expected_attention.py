@@ -1,10 +1,8 @@
-from kvpress import ExpectedAttentionPress
-
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.kvpress_adapter import register_kvpress
 
 register_kvpress(
-    "expected_attention", ExpectedAttentionPress,
+    "expected_attention", "ExpectedAttentionPress",
     "Expected attention of future queries (mean/covariance of queries, averaged RoPE), times ||V|| (kvpress).",
     min_tokens_param="n_sink",
     schema={"n_sink": Param(lo=0, why="a count of sink tokens"),

@@ -17,23 +17,22 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from kvpress import ExpectedAttentionStatsPress
-from kvpress.presses.expected_attention_with_stats import ExpectedAttentionStats
 from torch import nn
 
 from kvroute.models.loading import model_info
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS
+from kvroute.presses.scorers.kvpress_adapter import KvpressClass
 from kvroute.presses.scorers.local_weights import LocalWeightsScorer
 
 
-@SCORERS.register("expected_attention_stats")
+@SCORERS.add
 class ExpectedAttentionStatsScorer(LocalWeightsScorer):
     name: ClassVar[str] = "expected_attention_stats"
     description: ClassVar[str] = ("Expected attention of future queries from stored query statistics, times ||V|| "
                                   "(kvpress ExpectedAttentionStatsPress); statistics from a local folder: "
                                   "stats_folder=FOLDER.")
-    press_cls: ClassVar[type] = ExpectedAttentionStatsPress
+    press_cls: ClassVar[Any] = KvpressClass("ExpectedAttentionStatsPress")
     weights_param: ClassVar[str] = "stats_folder"
     holds: ClassVar[str] = "its query statistics"
     hub_copy: ClassVar[str] = "alessiodevoto/exp_att_stats_<model>_<dataset>_<num_samples>_<sample_seq_len>_<n_sink>"
@@ -46,6 +45,8 @@ class ExpectedAttentionStatsScorer(LocalWeightsScorer):
         "epsilon": Param(lo=0, why="a non-negative offset added to the scores")}
 
     def load(self, folder: Path) -> Any:
+        from kvpress.presses.expected_attention_with_stats import ExpectedAttentionStats
+
         # strict: a checkpoint without the statistics fails here instead of leaving the zeros they start as
         stats = ExpectedAttentionStats.from_pretrained(folder, local_files_only=True, strict=True)
         return stats.query_mean.detach(), stats.query_cov.detach()  # [L, H, D], [L, H, D, D]
@@ -53,6 +54,8 @@ class ExpectedAttentionStatsScorer(LocalWeightsScorer):
     @classmethod
     def save_random(cls, model: nn.Module, folder: Path, *, seed: int = 0, **params: Any) -> Path:
         """Random query means, and random positive semi-definite covariances."""
+        from kvpress.presses.expected_attention_with_stats import ExpectedAttentionStats
+
         info = model_info(model)
         L, H, D = info.num_layers, info.num_heads, info.head_dim
         g = torch.Generator().manual_seed(seed)
@@ -71,6 +74,7 @@ class ExpectedAttentionStatsScorer(LocalWeightsScorer):
                 f"[{', '.join(str(n) for n in cov.shape)}] (covariance)")
 
     def model_shape(self, model: nn.Module) -> str:
+
         info = model_info(model)
         L, H, D = info.num_layers, info.num_heads, info.head_dim
         return f"[layers={L}, query_heads={H}, head_dim={D}] (mean), [{L}, {H}, {D}, {D}] (covariance)"

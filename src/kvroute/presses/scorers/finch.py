@@ -19,23 +19,21 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from kvpress import FinchPress
 
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs
-from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
+from kvroute.presses.scorers.kvpress_adapter import KvpressClass, KvpressScorer
 
 
-@SCORERS.register("finch")
+@SCORERS.add
 class FinchScorer(KvpressScorer):
     name: ClassVar[str] = "finch"
     description: ClassVar[str] = ("SnapKV whose window is the question inside the prefix (FINCH, kvpress FinchPress "
                                   "without key re-rotation); question-aware regime only.")
-    press_cls: ClassVar[type] = FinchPress
+    press_cls: ClassVar[Any] = KvpressClass("FinchPress")
     needs_question_window: ClassVar[bool] = True
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params, rerotate_keys=False)
-        self.params = params  # the user's parameters (rerotate_keys is fixed, not one of them)
+    def press_params(self) -> dict[str, Any]:
+        return {**self.params, "rerotate_keys": False}  # fixed, not one of the user's parameters
 
     @classmethod
     def parameters(cls) -> dict[str, Any]:
@@ -46,7 +44,7 @@ class FinchScorer(KvpressScorer):
         return self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
 
     def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
-        press = FinchPress(compression_ratio=ratio, rerotate_keys=False, **self.params)
+        press = self.new_press(ratio)
         # kvpress learns the window from a delimiter token in the input; it is given here instead, and
         # the delimiter is set to an id no input holds, so kvpress's embedding hook leaves the input alone
         press.window_size = question_window

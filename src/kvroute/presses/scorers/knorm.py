@@ -1,5 +1,3 @@
-from kvpress import KnormPress
-
 from kvroute.presses.scorers.kvpress_adapter import register_kvpress
 
-register_kvpress("knorm", KnormPress, "Keep keys with the smallest L2 norm (Knorm, kvpress).")
+register_kvpress("knorm", "KnormPress", "Keep keys with the smallest L2 norm (Knorm, kvpress).")

@@ -19,7 +19,7 @@ is what makes the two token-for-token comparable.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import inspect
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -30,6 +30,7 @@ from torch import nn
 from kvroute.errors import ConfigError, EngineError, error_reason
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer
+from kvroute.presses.scorers.kvpress_fields import KVPRESS_FIELDS, live_fields
 
 
 @contextlib.contextmanager
@@ -53,36 +54,93 @@ def layer_seed(seed: int, layer_idx: int) -> int:
     return seed * 100_003 + layer_idx
 
 
-class KvpressScorer(Scorer):
-    """Wraps ``press_cls`` (a kvpress ScorerPress subclass); subclasses set ``press_cls``."""
+class KvpressClass:
+    """A kvpress press class named by its export name and imported on first use.
 
-    press_cls: ClassVar[type]
+    Importing kvpress imports transformers' model code and patches every attention function (seconds);
+    a built-in scorer names its press this way, so listing presses and checking a config never pay
+    that. ``cls.press_cls`` (on the class or an instance) is the class itself.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> type:
+        import kvpress
+
+        return getattr(kvpress, self.name)  # type: ignore[no-any-return]
+
+
+class KvpressScorer(Scorer):
+    """Wraps ``press_cls`` (a kvpress ScorerPress subclass); subclasses set ``press_cls``.
+
+    ``press_cls`` is either a class (a press of the user's: kvpress is imported already, and the press
+    is built, so its own checks run, when the scorer is) or a :class:`KvpressClass` (the built-ins:
+    parameters come from the table in :mod:`~kvroute.presses.scorers.kvpress_fields`, checked by each
+    parameter's schema, and the press is built on first use).
+    """
+
+    press_cls: ClassVar[Any]  # a kvpress ScorerPress subclass, or a KvpressClass naming one
     # The press needs T > the sum of these parameters + min_tokens_extra (it asserts or breaks otherwise).
     min_tokens_param: ClassVar[str | tuple[str, ...] | None] = None
     min_tokens_extra: ClassVar[int] = 0
     random_draws: ClassVar[bool] = False  # score() draws from torch's global generator (seeded per layer here)
     # For presses that read compression_ratio only for some parameter values: params -> ratio dependent?
     ratio_dependent_if: ClassVar[Callable[[dict[str, Any]], bool] | None] = None
+    quiet_module: ClassVar[str | None] = None  # a kvpress module whose warnings building the press silences
 
     def __init__(self, **params: Any) -> None:
         self.params = params
-        try:
-            self.press = self.press_cls(compression_ratio=0.0, **params)
-        except (AssertionError, TypeError, ValueError) as e:  # the press's own checks of its parameters
-            raise ConfigError(f"scorer {self.name!r}: {self.press_cls.__name__} refused the parameters "
-                              f"{params}: {error_reason(e)}") from None
+        if not self.lazy():
+            _ = self.press  # a user's press class: its own checks of its parameters run now
         rule = type(self).ratio_dependent_if
         if rule is not None:  # instance value; the class keeps True so `presses list` marks it
             self.ratio_dependent = bool(rule({**type(self).parameters(), **params}))  # type: ignore[misc]
 
     @classmethod
+    def lazy(cls) -> bool:
+        """Whether the press class is named (imported on first use) rather than given."""
+        return isinstance(inspect.getattr_static(cls, "press_cls"), KvpressClass)
+
+    @classmethod
+    def press_name(cls) -> str:
+        """The kvpress press's class name, without importing kvpress for a named one."""
+        named = inspect.getattr_static(cls, "press_cls")
+        return named.name if isinstance(named, KvpressClass) else str(cls.press_cls.__name__)
+
+    @classmethod
+    def press_fields(cls) -> dict[str, Any]:
+        """The kvpress press's own parameters and defaults: its dataclass fields (read from
+        :data:`~kvroute.presses.scorers.kvpress_fields.KVPRESS_FIELDS` for a named class)."""
+        if cls.lazy():
+            return dict(KVPRESS_FIELDS[cls.press_name()])
+        return live_fields(cls.press_cls)
+
+    @classmethod
     def parameters(cls) -> dict[str, Any]:
-        out = {}
-        for f in dataclasses.fields(cls.press_cls):
-            if f.name == "compression_ratio" or f.name.startswith("_") or not f.init:
-                continue
-            out[f.name] = f.default if f.default is not dataclasses.MISSING else None
-        return out
+        return cls.press_fields()
+
+    def press_params(self) -> dict[str, Any]:
+        """The keyword arguments the kvpress press is built with (besides ``compression_ratio``)."""
+        return self.params
+
+    def new_press(self, ratio: float) -> Any:
+        """A kvpress press set to ``ratio``; its own refusal of the parameters is a ConfigError."""
+        quiet = quiet_kvpress(self.quiet_module) if self.quiet_module else contextlib.nullcontext()
+        try:
+            with quiet:
+                return self.press_cls(compression_ratio=ratio, **self.press_params())
+        except (AssertionError, TypeError, ValueError) as e:  # the press's own checks of its parameters
+            raise ConfigError(f"scorer {self.name!r}: {self.press_name()} refused the parameters "
+                              f"{self.params}: {error_reason(e)}") from None
+
+    @property
+    def press(self) -> Any:
+        """The kvpress press this scorer scores with (built once, at ratio 0; set per ratio when ratio dependent)."""
+        press = self.__dict__.get("_press")
+        if press is None:
+            press = self.__dict__["_press"] = self.new_press(0.0)
+        return press
 
     def __getattr__(self, item: str) -> Any:  # parameters read as attributes (for spec())
         params = self.__dict__.get("params", {})
@@ -97,7 +155,7 @@ class KvpressScorer(Scorer):
         self.press.post_init_from_model(model)
 
     def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
-        return self.press_cls(compression_ratio=ratio, **self.params)
+        return self.new_press(ratio)
 
     def _min_params(self) -> tuple[str, ...]:
         p = self.min_tokens_param
@@ -180,12 +238,15 @@ def seeded_kvpress_layers(model: nn.Module, seed: int = 0) -> Iterator[None]:
                 h.remove()
 
 
-def kvpress_scorer(name: str, press_cls: type, description: str, *, needs_attentions: bool = False,
+def kvpress_scorer(name: str, press_cls: type | str, description: str, *, needs_attentions: bool = False,
                    ratio_dependent: bool = False, min_tokens_param: str | tuple[str, ...] | None = None,
                    min_tokens_extra: int = 0, random_draws: bool = False,
                    ratio_dependent_if: Callable[[dict[str, Any]], bool] | None = None,
                    schema: dict[str, Param] | None = None) -> type[KvpressScorer]:
     """The adapter class of ``press_cls`` under ``name`` (not registered; see :func:`register_kvpress`).
+
+    ``press_cls``: a kvpress ScorerPress subclass, or the name kvpress exports it under (imported on first use,
+    its parameters read from :data:`~kvroute.presses.scorers.kvpress_fields.KVPRESS_FIELDS`).
 
     ``schema``: the allowed range of each numeric parameter of the press (see :mod:`kvroute.presses.params`).
     ``ratio_dependent``: ``score()`` reads ``compression_ratio``, so the press is scored once per ratio;
@@ -195,8 +256,10 @@ def kvpress_scorer(name: str, press_cls: type, description: str, *, needs_attent
     """
     if ratio_dependent_if is not None:
         ratio_dependent = True
-    return type(f"{press_cls.__name__}Scorer", (KvpressScorer,), {
-        "name": name, "description": description, "press_cls": press_cls,
+    class_name = press_cls if isinstance(press_cls, str) else press_cls.__name__
+    return type(f"{class_name}Scorer", (KvpressScorer,), {
+        "name": name, "description": description,
+        "press_cls": KvpressClass(press_cls) if isinstance(press_cls, str) else press_cls,
         "needs_attentions": needs_attentions, "ratio_dependent": ratio_dependent,
         "min_tokens_param": min_tokens_param, "min_tokens_extra": min_tokens_extra,
         "random_draws": random_draws,
@@ -205,7 +268,7 @@ def kvpress_scorer(name: str, press_cls: type, description: str, *, needs_attent
     })
 
 
-def register_kvpress(name: str, press_cls: type, description: str, **options: Any) -> type[KvpressScorer]:
+def register_kvpress(name: str, press_cls: type | str, description: str, **options: Any) -> type[KvpressScorer]:
     """Register ``press_cls`` under ``name`` as a kvroute scorer and return the adapter class.
 
     ``options`` are :func:`kvpress_scorer`'s (ratio dependence, preconditions, random draws, schema).

@@ -1,5 +1,3 @@
-from kvpress import RandomPress
-
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.kvpress_adapter import register_kvpress
 
@@ -7,7 +5,7 @@ from kvroute.presses.scorers.kvpress_adapter import register_kvpress
 # generator identically on every layer (all layers keep the same positions); without one it draws
 # from torch's generator, which kvroute seeds per (seed, layer), see kvpress_adapter.
 register_kvpress(
-    "kvpress_random", RandomPress,
+    "kvpress_random", "RandomPress",
     "kvpress's RandomPress: uniform scores; with seed given every layer draws the same (kvpress).",
     random_draws=True,
     schema={"seed": Param(lo=0, kind=int, why="a generator seed; none = torch's generator, seeded per layer")},

@@ -14,23 +14,22 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from kvpress import KVzapPress
-from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
 from torch import nn
 
 from kvroute.errors import ConfigError
 from kvroute.models.loading import model_info
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS
+from kvroute.presses.scorers.kvpress_adapter import KvpressClass
 from kvroute.presses.scorers.local_weights import LocalWeightsScorer
 
 
-@SCORERS.register("kvzap")
+@SCORERS.add
 class KVzapScorer(LocalWeightsScorer):
     name: ClassVar[str] = "kvzap"
     description: ClassVar[str] = ("A learned surrogate of KVzip scoring each token's hidden state per KV head (KVzap, "
                                   "kvpress KVzapPress); surrogate from a local folder: weights=FOLDER.")
-    press_cls: ClassVar[type] = KVzapPress
+    press_cls: ClassVar[Any] = KvpressClass("KVzapPress")
     holds: ClassVar[str] = "its learned surrogate model"
     hub_copy: ClassVar[str] = "nvidia/KVzap-<model_type>-<model>"
     schema: ClassVar[dict[str, Param]] = {
@@ -41,6 +40,8 @@ class KVzapScorer(LocalWeightsScorer):
         return f"nvidia/KVzap-{params.get('model_type', 'mlp')}-<model>"
 
     def load(self, folder: Path) -> Any:
+        from kvpress.presses.kvzap_press import KVzapModel
+
         surrogate, info = KVzapModel.from_pretrained(folder, local_files_only=True, output_loading_info=True)
         # transformers initialises what the checkpoint lacks at random: refuse that instead of scoring with it
         missing = sorted(info["missing_keys"]) + sorted(info["mismatched_keys"])
@@ -59,6 +60,8 @@ class KVzapScorer(LocalWeightsScorer):
     @classmethod
     def save_random(cls, model: nn.Module, folder: Path, *, seed: int = 0, **params: Any) -> Path:
         """``model_type=linear``: a linear surrogate; otherwise an MLP with a hidden layer of 8."""
+        from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
+
         info = model_info(model)
         config: Any = model.config
         kvzap = KVzapConfig(input_dim=getattr(config, "text_config", config).hidden_size, output_dim=info.num_kv_heads,

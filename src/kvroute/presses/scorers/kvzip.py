@@ -17,26 +17,25 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from kvpress import KVzipPress
 from torch import nn
-from transformers import DynamicCache
 
 from kvroute.errors import EngineError
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ModelScoreInputs, ScoreInputs
-from kvroute.presses.scorers.kvpress_adapter import KvpressScorer, quiet_kvpress
+from kvroute.presses.scorers.kvpress_adapter import KvpressClass, KvpressScorer
 
 # kvpress's replay prompts (KVzipPress.prepare) and the tail of the previous chunk a later prompt quotes
 _FIRST, _LATER, _QUOTED = "\n\nRepeat the previous context exactly.", \
     "\n\nRepeat the part of the previous context exactly, starting with", 8
 
 
-@SCORERS.register("kvzip")
+@SCORERS.add
 class KVzipScorer(KvpressScorer):
     name: ClassVar[str] = "kvzip"
     description: ClassVar[str] = ("Largest attention from a replay of the context onto each entry (KVzip, kvpress "
                                   "KVzipPress); default selection global.")
-    press_cls: ClassVar[type] = KVzipPress
+    press_cls: ClassVar[Any] = KvpressClass("KVzipPress")
+    quiet_module: ClassVar[str | None] = "kvzip_press"  # its cost is stated in `presses list`
     scores_after_prefill: ClassVar[bool] = True
     default_selection: ClassVar[str] = "global"
     extra_cost: ClassVar[str] = "replays the context: one more forward over all T tokens (kvpress: 2–3× the prefill)"
@@ -44,8 +43,7 @@ class KVzipScorer(KvpressScorer):
                                           "chunk_size": Param(lo=1, why="context tokens replayed per pass")}
 
     def __init__(self, **params: Any) -> None:
-        with quiet_kvpress("kvzip_press"):  # its cost is stated in `presses list`
-            super().__init__(**params)
+        super().__init__(**params)
         self._window: int | None = None
         self._tokenizer: Any = None
 
@@ -91,7 +89,10 @@ class KVzipScorer(KvpressScorer):
 
     def score_model(self, x: ModelScoreInputs, ratio: float) -> torch.Tensor:
         if self._tokenizer is None:
-            raise EngineError("kvzip needs the model's tokenizer to write its replay prompts; run it through the engine")
+            raise EngineError("kvzip needs the model's tokenizer to write its replay prompts; "
+                              "run it through the engine")
+        from transformers import DynamicCache
+
         from kvroute.models.layers import base_model, decoder_layers
 
         model: Any = x.model  # a transformers causal LM
@@ -119,6 +120,3 @@ class KVzipScorer(KvpressScorer):
                 h.remove()
             press._context_ids = press._cache = press.score_val = None
 
-    def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
-        with quiet_kvpress("kvzip_press"):  # its cost is stated in `presses list`
-            return KVzipPress(compression_ratio=ratio, **self.params)

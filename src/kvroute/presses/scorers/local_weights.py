@@ -55,14 +55,13 @@ class LocalWeightsScorer(KvpressScorer):
             what = "is a file, not a folder" if self.folder.exists() else "does not exist"
             raise ConfigError(f"{self.name}: {self.weights_param}={folder} {what}; give the folder save_pretrained "
                               f"wrote (a local copy of {self.hub_copy_of(params)})")
-        super().__init__(**self._press_params(params))
-        self.params = params  # the user's parameters (the folder included)
+        super().__init__(**params)  # the user's parameters (the folder included)
         self._weights: Any = None
 
-    @classmethod
-    def press_fields(cls) -> dict[str, Any]:
-        """The kvpress press's own parameters and defaults (its dataclass fields, as the adapter reads them)."""
-        return super().parameters()
+    def press_params(self) -> dict[str, Any]:
+        """The user's parameters the kvpress press takes (the folder only where it is the press's own field)."""
+        fields = self.press_fields()
+        return {k: v for k, v in self.params.items() if k in fields}
 
     @classmethod
     def parameters(cls) -> dict[str, Any]:
@@ -135,7 +134,7 @@ class LocalWeightsScorer(KvpressScorer):
         self.fit(self.press, model)
 
     def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
-        press = self.press_cls(compression_ratio=ratio, **self._press_params(self.params))
+        press = self.new_press(ratio)
         self.hold(press, self.loaded())
 
         def post_init_from_model(model: nn.Module) -> None:  # replaces the hub loader on this instance only
@@ -144,11 +143,6 @@ class LocalWeightsScorer(KvpressScorer):
 
         press.post_init_from_model = post_init_from_model
         return press
-
-    def _press_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The user's parameters the kvpress press takes (the folder only where it is the press's own field)."""
-        fields = self.press_fields()
-        return {k: v for k, v in params.items() if k in fields}
 
 
 def with_random_weights(spec: str, model: nn.Module, folder: Path) -> str:

@@ -65,7 +65,7 @@ class _EvidenceControl(Scorer):
         return s
 
 
-@SCORERS.register("oracle")
+@SCORERS.add
 @dataclass
 class OracleScorer(_EvidenceControl):
     name: ClassVar[str] = "oracle"
@@ -73,7 +73,7 @@ class OracleScorer(_EvidenceControl):
     sign: ClassVar[float] = 1.0
 
 
-@SCORERS.register("anti_oracle")
+@SCORERS.add
 @dataclass
 class AntiOracleScorer(_EvidenceControl):
     name: ClassVar[str] = "anti_oracle"

@@ -13,33 +13,36 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from kvpress import QFilterPress
-from kvpress.presses.qfilter_press import QFilters
 from torch import nn
 
 from kvroute.models.loading import model_info
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS
+from kvroute.presses.scorers.kvpress_adapter import KvpressClass
 from kvroute.presses.scorers.local_weights import LocalWeightsScorer
 
 
-@SCORERS.register("qfilter")
+@SCORERS.add
 class QFilterScorer(LocalWeightsScorer):
     name: ClassVar[str] = "qfilter"
     description: ClassVar[str] = ("Minus the key's dot product with a learned per-head filter (Q-Filter, kvpress "
                                   "QFilterPress); filters from a local folder: weights=FOLDER.")
-    press_cls: ClassVar[type] = QFilterPress
+    press_cls: ClassVar[Any] = KvpressClass("QFilterPress")
     holds: ClassVar[str] = "its learned Q-filters"
     hub_copy: ClassVar[str] = "nthngdy/<model>_qfilt"
     schema: ClassVar[dict[str, Param]] = {
         "weights": Param(kind=str, why="the folder QFilters.save_pretrained wrote")}
 
     def load(self, folder: Path) -> Any:
+        from kvpress.presses.qfilter_press import QFilters
+
         # strict: a checkpoint without the filters fails here instead of leaving QFilters' random init
         return QFilters.from_pretrained(folder, local_files_only=True, strict=True).q_filters.detach()  # [L, Hkv, D]
 
     @classmethod
     def save_random(cls, model: nn.Module, folder: Path, *, seed: int = 0, **params: Any) -> Path:
+        from kvpress.presses.qfilter_press import QFilters
+
         info = model_info(model)
         filters = QFilters(info.num_layers, info.num_kv_heads, info.head_dim)
         filters.q_filters.data = torch.randn(info.num_layers, info.num_kv_heads, info.head_dim,

@@ -11,7 +11,7 @@ from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer
 
 
-@SCORERS.register("random")
+@SCORERS.add
 @dataclass
 class RandomScorer(Scorer):
     """Random scores from a generator seeded by (seed, layer), so each layer draws its own tokens.

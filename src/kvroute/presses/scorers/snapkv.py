@@ -1,10 +1,8 @@
-from kvpress import SnapKVPress
-
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.kvpress_adapter import register_kvpress
 
 register_kvpress(
-    "snapkv", SnapKVPress,
+    "snapkv", "SnapKVPress",
     "Attention of the last window_size prompt tokens, pooled (SnapKV, kvpress).",
     min_tokens_param="window_size",
     schema={"window_size": Param(lo=1, why="the observation window holds at least one query"),

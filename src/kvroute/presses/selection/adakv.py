@@ -32,7 +32,7 @@ def adakv_layer(scores: torch.Tensor, k: int, alpha_safeguard: float) -> torch.T
     return keep.view(bsz, Hkv, T)
 
 
-@SELECTIONS.register("adakv")
+@SELECTIONS.add
 @dataclass
 class AdaKV(Selection):
     """Top-k across all KV heads of a layer with a per-head safeguard (kvpress AdaKVPress).
@@ -61,4 +61,5 @@ class AdaKV(Selection):
     def kvpress_counterpart(self, scorer: Scorer, ratio: float, question_window: int = 0) -> Any:
         from kvpress import AdaKVPress
 
-        return AdaKVPress(scorer_press(scorer, ratio, question_window, "AdaKVPress"), alpha_safeguard=self.alpha_safeguard)
+        return AdaKVPress(scorer_press(scorer, ratio, question_window, "AdaKVPress"),
+                          alpha_safeguard=self.alpha_safeguard)

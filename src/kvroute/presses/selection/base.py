@@ -8,7 +8,8 @@ Selection is pure tensor code, testable without a model.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -49,6 +50,18 @@ def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, idx, True)
 
 
+@dataclass(frozen=True)
+class ScoreVariant:
+    """How a selection runs its scorer in the prefill (:meth:`Selection.score_layer`): requests with equal
+    variants (and scorer, and ratio where scores depend on it) share one score computation."""
+
+    kind: str = "full"  # "full": the scorer on the whole context; else the selection's own way (chunk, block)
+    params: tuple[int, ...] = ()  # what else decides the scores (chunk length, last-chunk minimum, block size)
+
+
+FULL = ScoreVariant()
+
+
 class Selection(ABC):
     """Subclasses are dataclasses whose fields are their parameters.
 
@@ -67,12 +80,17 @@ class Selection(ABC):
     # than by pruning: checks against kvpress then compare the keep masks kvpress decides
     kvpress_fake_keys: ClassVar[bool] = False
 
-    def score_variant(self) -> Hashable:
+    def score_variant(self) -> ScoreVariant:
         """What identifies this selection's way of scoring (:meth:`score_layer`): equal variants share scores.
 
-        ``"full"``: the scorer on the whole context, shared by every selection that scores so.
+        :data:`FULL`: the scorer on the whole context, shared by every selection that scores so.
         """
-        return "full"
+        return FULL
+
+    def fit(self, scorer: Scorer) -> None:
+        """Adapt to the press's ``scorer`` when the press is built, before :meth:`check_scorer` (e.g. chunked
+        selections keep a last chunk the scorer can score)."""
+        return None
 
     def score_layer(self, scorer: Scorer, x: ScoreInputs, ratio: float) -> torch.Tensor:
         """``[1, Hkv, T]`` scores of one layer in the prefill: the scorer on the whole context by default."""
@@ -80,10 +98,10 @@ class Selection(ABC):
 
     def check_scorer(self, scorer: Scorer) -> None:
         """Raise :class:`~kvroute.errors.ConfigError` when this selection cannot use ``scorer`` (at build time)."""
-        if scorer.scores_after_prefill and self.score_variant() != "full":
+        if scorer.scores_after_prefill and self.score_variant() != FULL:
             raise ConfigError(f"{scorer.name} scores every layer at once after the prefill; selection "
                               f"{self.name!r} scores part by part, so the two cannot be combined")
-        if scorer.needs_question_window and self.score_variant() != "full":
+        if scorer.needs_question_window and self.score_variant() != FULL:
             raise ConfigError(f"{scorer.name} scores by the question at the end of the context; selection "
                               f"{self.name!r} scores parts of the context that do not hold it: use per_head, adakv "
                               "or chunk[rescore=false] (chunks of the whole-context scores)")
@@ -120,7 +138,8 @@ class Selection(ABC):
 
 
 def scorer_press(scorer: Scorer, ratio: float, question_window: int, wrapper: str) -> Any:
-    """``scorer``'s kvpress press for a kvpress wrapper (``wrapper`` names it), which takes ScorerPress subclasses only."""
+    """``scorer``'s kvpress press for a kvpress wrapper (``wrapper`` names it), which takes ScorerPress subclasses
+    only."""
     from kvpress import ScorerPress
 
     inner = scorer.kvpress_press(ratio, question_window)

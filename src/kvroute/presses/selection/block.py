@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -9,10 +8,10 @@ import torch
 from kvroute.errors import ConfigError
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import ScoreInputs, Scorer
-from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, scorer_press
+from kvroute.presses.selection.base import SELECTIONS, ScoreVariant, Selection, n_kept, scorer_press
 
 
-@SELECTIONS.register("block")
+@SELECTIONS.add
 @dataclass
 class Block(Selection):
     """Block-wise iterative pruning (kvpress BlockPress, from KeyDiff's block prompt processing).
@@ -34,8 +33,8 @@ class Block(Selection):
         if self.block_size < 1:
             raise ConfigError(f"block: block_size must be a positive integer, got {self.block_size}")
 
-    def score_variant(self) -> Hashable:
-        return ("block", self.block_size)
+    def score_variant(self) -> ScoreVariant:
+        return ScoreVariant("block", (self.block_size,))
 
     def score_layer(self, scorer: Scorer, x: ScoreInputs, ratio: float) -> torch.Tensor:
         """``[1, Hkv, T]``: 1 where an entry survives the blocks at ``ratio``, 0 elsewhere (kvpress's loop)."""
@@ -46,7 +45,8 @@ class Block(Selection):
         # kvpress's reshaping of the hidden states per KV head: [1, Hkv, T, hidden / Hkv]
         states = x.hidden_states.view(bsz, T, Hkv, -1).transpose(1, 2)
         for i in range(k, T, block):
-            idx = torch.cat([kept, torch.arange(i, min(i + block, T), device=x.keys.device).expand(bsz, Hkv, -1)], dim=-1)
+            idx = torch.cat([kept, torch.arange(i, min(i + block, T), device=x.keys.device).expand(bsz, Hkv, -1)],
+                            dim=-1)
             sub_states = states.gather(2, idx.unsqueeze(-1).expand(-1, -1, -1, states.shape[-1]))
             sub_states = sub_states.transpose(1, 2).reshape(bsz, -1, x.hidden_states.shape[-1])
             gather = idx.unsqueeze(-1).expand(-1, -1, -1, D)

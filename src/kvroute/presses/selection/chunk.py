@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -9,7 +8,15 @@ import torch
 from kvroute.errors import ConfigError, EngineError
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import ScoreInputs, Scorer
-from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, scorer_press, topk_mask
+from kvroute.presses.selection.base import (
+    FULL,
+    SELECTIONS,
+    ScoreVariant,
+    Selection,
+    n_kept,
+    scorer_press,
+    topk_mask,
+)
 
 
 def chunk_bounds(num_tokens: int, chunk_length: int, min_last: int = 1) -> list[tuple[int, int]]:
@@ -26,7 +33,7 @@ def chunk_bounds(num_tokens: int, chunk_length: int, min_last: int = 1) -> list[
     return bounds
 
 
-@SELECTIONS.register("chunk")
+@SELECTIONS.add
 @dataclass
 class Chunk(Selection):
     """Top-k inside contiguous chunks, each scored on its own (kvpress ChunkPress / FINCH).
@@ -39,8 +46,8 @@ class Chunk(Selection):
     """
 
     name: ClassVar[str] = "chunk"
-    description: ClassVar[str] = ("Top-k inside contiguous chunks scored separately (kvpress ChunkPress); rescore=false: "
-                                  "chunks of the whole-context scores (FinchPress's chunk_length).")
+    description: ClassVar[str] = ("Top-k inside contiguous chunks scored separately (kvpress ChunkPress); "
+                                  "rescore=false: chunks of the whole-context scores (FinchPress's chunk_length).")
     chunk_length: int = 1024
     rescore: bool = True
     schema: ClassVar[dict[str, Param]] = {"chunk_length": Param(lo=1, why="tokens per chunk")}
@@ -54,8 +61,11 @@ class Chunk(Selection):
         if self.chunk_length < 1:
             raise ConfigError(f"chunk: chunk_length must be a positive integer, got {self.chunk_length}")
 
-    def score_variant(self) -> Hashable:
-        return ("chunk", self.chunk_length, self.min_last) if self.rescore else "full"
+    def score_variant(self) -> ScoreVariant:
+        return ScoreVariant("chunk", (self.chunk_length, self.min_last)) if self.rescore else FULL
+
+    def fit(self, scorer: Scorer) -> None:
+        self.min_last = scorer.min_tokens()  # a tail chunk shorter than the scorer can score joins the one before
 
     def _bounds(self, num_tokens: int) -> list[tuple[int, int]]:
         return chunk_bounds(num_tokens, self.chunk_length, self.min_last if self.rescore else 1)
@@ -90,7 +100,8 @@ class Chunk(Selection):
         from kvpress import ChunkPress, FinchPress
 
         if self.rescore:
-            return ChunkPress(scorer_press(scorer, ratio, question_window, "ChunkPress"), chunk_length=self.chunk_length)
+            return ChunkPress(scorer_press(scorer, ratio, question_window, "ChunkPress"),
+                              chunk_length=self.chunk_length)
         inner = scorer.kvpress_press(ratio, question_window)
         if isinstance(inner, FinchPress):  # the one kvpress press that chunks whole-context scores
             if not self.chunk_length > question_window / (1 - ratio):

@@ -32,7 +32,7 @@ def chunkkv_layer(scores: torch.Tensor, chunk_length: int, ratio: float) -> torc
     return keep.expand(1, Hkv, T).clone()
 
 
-@SELECTIONS.register("chunkkv")
+@SELECTIONS.add
 @dataclass
 class ChunkKV(Selection):
     """Whole chunks of ``chunk_length`` tokens, the same in every head (kvpress ChunkKVPress, "semantic chunks").
@@ -42,7 +42,8 @@ class ChunkKV(Selection):
     """
 
     name: ClassVar[str] = "chunkkv"
-    description: ClassVar[str] = "Keep whole chunks of tokens, the same in every head, by mean score (kvpress ChunkKVPress)."
+    description: ClassVar[str] = ("Keep whole chunks of tokens, the same in every head, "
+                                  "by mean score (kvpress ChunkKVPress).")
     chunk_length: int = 20
     schema: ClassVar[dict[str, Param]] = {"chunk_length": Param(lo=1, why="tokens per chunk")}
 
@@ -60,4 +61,5 @@ class ChunkKV(Selection):
     def kvpress_counterpart(self, scorer: Scorer, ratio: float, question_window: int = 0) -> Any:
         from kvpress import ChunkKVPress
 
-        return ChunkKVPress(scorer_press(scorer, ratio, question_window, "ChunkKVPress"), chunk_length=self.chunk_length)
+        return ChunkKVPress(scorer_press(scorer, ratio, question_window, "ChunkKVPress"),
+                            chunk_length=self.chunk_length)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from transformers.models.llama.modeling_llama import repeat_kv
 
 from kvroute.errors import ConfigError, EngineError
 from kvroute.presses.params import Param
@@ -32,7 +31,8 @@ _WARNED: set[str] = set()
 
 def _check_vnorm(kind: str, scorer: Scorer) -> None:
     """Expected attention with use_vnorm already weighs by ‖v‖; CriticalKV weighs by ‖W_O v‖ again (kvpress warns)."""
-    if getattr(scorer, "name", "") == "expected_attention" and getattr(scorer, "use_vnorm", False) and kind not in _WARNED:
+    if (getattr(scorer, "name", "") == "expected_attention" and getattr(scorer, "use_vnorm", False)
+            and kind not in _WARNED):
         _WARNED.add(kind)
         log.warning("%s with expected_attention[use_vnorm=true] weighs the values twice; kvpress advises "
                     "expected_attention[use_vnorm=false]+%s", kind, kind)
@@ -50,6 +50,8 @@ class ValueProjectionNorm(Scorer):
     description: ClassVar[str] = "L1 norm of each value through the output projection (CriticalKV's stage 2)."
 
     def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        from transformers.models.llama.modeling_llama import repeat_kv
+
         values = x.values
         module: Any = x.module  # a transformers attention module
         bsz, Hkv, T, _ = values.shape
@@ -79,10 +81,11 @@ def _value_norms(kind: str, aux: Mapping[str, torch.Tensor] | None) -> torch.Ten
     return aux[VALUE_NORM]
 
 
-@SELECTIONS.register("criticalkv")
+@SELECTIONS.add
 @dataclass
 class CriticalKV(Selection):
-    """Per-head top-k in two stages (kvpress CriticalKVPress): a share by the scores, the rest by value-weighted scores."""
+    """Per-head top-k in two stages (kvpress CriticalKVPress): a share by the scores, the rest by value-weighted
+    scores."""
 
     name: ClassVar[str] = "criticalkv"
     description: ClassVar[str] = ("Two stages per KV head: first_stage_ratio of the budget by the scores, the rest by "
@@ -162,7 +165,7 @@ def critical_adakv_layer(scores: torch.Tensor, norms: torch.Tensor, k: int, alph
     return keep.view(bsz, Hkv, T)
 
 
-@SELECTIONS.register("critical_adakv")
+@SELECTIONS.add
 @dataclass
 class CriticalAdaKV(Selection):
     """AdaKV's cross-head budgets with CriticalKV's two stages inside each head (kvpress CriticalAdaKVPress)."""

@@ -69,7 +69,7 @@ def entropy_chunkkv_layer(scores: torch.Tensor, chunk_length: int, low_length: i
     return keep.expand(1, Hkv, T).clone()
 
 
-@SELECTIONS.register("entropy_chunkkv")
+@SELECTIONS.add
 @dataclass
 class EntropyChunkKV(Selection):
     """ChunkKV gated by entropy (kvpress EntropyGatedChunkKVPress): spiky important chunks keep only their best tokens.

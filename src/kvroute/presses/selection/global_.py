@@ -19,7 +19,7 @@ def bottom_across_heads(scores: torch.Tensor, n_pruned: int) -> torch.Tensor:
     return keep.view(bsz, Hkv, T)
 
 
-@SELECTIONS.register("global")
+@SELECTIONS.add
 @dataclass
 class Global(Selection):
     """Evict the lowest entries across all layers and heads at once (kvpress KVzipPress's selection).

@@ -9,7 +9,7 @@ from kvroute.presses.scorers.base import Scorer
 from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, topk_mask
 
 
-@SELECTIONS.register("per_head")
+@SELECTIONS.add
 @dataclass
 class PerHead(Selection):
     """Top-k per (layer, KV head): kvpress ScorerPress semantics, the same budget in every head."""

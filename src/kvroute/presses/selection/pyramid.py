@@ -34,7 +34,7 @@ def pyramid_budgets(num_tokens: int, num_layers: int, ratio: float, window_size:
     return [min(T, max(1, round(max_num - layer * steps))) for layer in range(L)]
 
 
-@SELECTIONS.register("pyramid")
+@SELECTIONS.add
 @dataclass
 class Pyramid(Selection):
     """Per-layer budgets shaped like a pyramid (PyramidKV), top-k per KV head inside each layer."""
@@ -64,9 +64,10 @@ class Pyramid(Selection):
 
         inner = scorer.kvpress_press(ratio, question_window)
         if type(inner) is not SnapKVPress:
-            raise EngineError(f"kvpress's PyramidKVPress scores with SnapKV only; {scorer.name}+pyramid has no counterpart")
+            raise EngineError("kvpress's PyramidKVPress scores with SnapKV only; "
+                              f"{scorer.name}+pyramid has no counterpart")
         if inner.window_size != self.window_size:
-            raise EngineError(f"kvpress's PyramidKVPress uses one window_size for SnapKV and the pyramid; here snapkv has "
-                              f"{inner.window_size} and pyramid {self.window_size}")
+            raise EngineError("kvpress's PyramidKVPress uses one window_size for SnapKV and the pyramid; here snapkv "
+                              f"has {inner.window_size} and pyramid {self.window_size}")
         return PyramidKVPress(compression_ratio=ratio, window_size=self.window_size, kernel_size=inner.kernel_size,
                               beta=self.beta)

@@ -45,7 +45,7 @@ def routes_layer(scores: torch.Tensor, k: int, alpha_safeguard: float, coverage:
     return keep
 
 
-@SELECTIONS.register("routes")
+@SELECTIONS.add
 @dataclass
 class Routes(Selection):
     """Route-preserving selection: AdaKV's budget and safeguard, but maximise coverage across heads.

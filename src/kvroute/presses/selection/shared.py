@@ -8,7 +8,7 @@ import torch
 from kvroute.presses.selection.base import SELECTIONS, Selection, n_kept, topk_mask
 
 
-@SELECTIONS.register("shared")
+@SELECTIONS.add
 @dataclass
 class Shared(Selection):
     """The same tokens for every KV head of a layer: top-k of the scores averaged over heads."""

@@ -21,7 +21,7 @@ VERSION = 2
 _ATTRIBUTES = {1: 3, 2: 5, 3: 7}
 
 
-@FAMILIES.register("base")
+@FAMILIES.add
 class Base(Family):
     name = "base"
     VERSION = VERSION

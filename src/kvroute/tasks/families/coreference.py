@@ -28,11 +28,12 @@ _INTERACTIONS = ("{p} waved to {o}.", "{p} asked {o} for directions.", "{p} laug
                  "{p} lent {o} an umbrella.", "{p} wrote {o} a short note.", "{p} admired {op} old coat.")
 
 
-@FAMILIES.register("coreference")
+@FAMILIES.add
 class Coreference(Family):
     name = "coreference"
     VERSION = VERSION
-    summary = "Pronoun chains about two people; unanswerable items (ambiguous or absent referent) expect \"I don't know\"."
+    summary = ("Pronoun chains about two people; unanswerable items (ambiguous or absent referent) "
+               "expect \"I don't know\".")
     levels = {
         1: "2 people of different genders, 2 facts each, grouped by person; Standard questions",
         2: "3 facts each, interleaved, same-type facts for both people; + Manipulated",

@@ -22,7 +22,7 @@ from kvroute.tasks.text import Draft
 VERSION = 2
 
 
-@FAMILIES.register("hops")
+@FAMILIES.add
 class Hops(Family):
     name = "hops"
     VERSION = VERSION

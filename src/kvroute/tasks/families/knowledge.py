@@ -20,7 +20,7 @@ VERSION = 2
 _ATTRIBUTES = {1: 4, 2: 6, 3: 8}
 
 
-@FAMILIES.register("knowledge")
+@FAMILIES.add
 class Knowledge(Family):
     name = "knowledge"
     VERSION = VERSION

@@ -20,7 +20,7 @@ VERSION = 2
 _TARGET = {1: 200, 2: 800, 3: 2400}
 
 
-@FAMILIES.register("long_context")
+@FAMILIES.add
 class LongContext(Family):
     name = "long_context"
     VERSION = VERSION

@@ -23,7 +23,7 @@ _ATTRIBUTES = {1: 2, 2: 3, 3: 4}
 _LINKS = ("neighbours", "cousins", "colleagues", "old classmates", "business partners")
 
 
-@FAMILIES.register("multi_entity")
+@FAMILIES.add
 class MultiEntity(Family):
     name = "multi_entity"
     VERSION = VERSION

@@ -54,7 +54,8 @@ _KINDS: tuple[ChainKind, ...] = (
               (Manipulation("What material is the present that {a} gave {b} made of?", _material),)),
     ChainKind("Location", "Thing", "A ship carried {ax} {x} from {a} to {b}.",
               "Where did the ship sail to from {a}?", "From which town did the ship sail to {b}?",
-              "What did the ship carry from {a} to {b}?", "Where did the ship sail to from the town it reached from {a}?",
+              "What did the ship carry from {a} to {b}?",
+              "Where did the ship sail to from the town it reached from {a}?",
               (Manipulation("What material is the cargo the ship carried from {a} to {b} made of?", _material),)),
     ChainKind("Organization", "Event", "The {a} challenged the {b} at the {x}.",
               "Which organization did the {a} challenge?", "Which organization challenged the {b}?",
@@ -79,7 +80,7 @@ _KINDS: tuple[ChainKind, ...] = (
 _PERSON_MANIPS = (Manipulation("What is the first name of the person {a} paid?", _first),)
 
 
-@FAMILIES.register("multi_presence")
+@FAMILIES.add
 class MultiPresence(Family):
     name = "multi_presence"
     VERSION = VERSION

@@ -142,24 +142,20 @@ def _sentences(paras: tuple[tuple[str, ...], ...], rng: random.Random) -> Iterat
         rng.shuffle(cycle)
 
 
-def niah_instance(spec: NiahSpec, *, length: int, depth: float, index: int, count: TokenCounter,
-                  difficulty: int | None = None) -> TaskInstance:
-    """One instance of the (``length``, ``depth``) cell; ``index`` numbers it within the whole grid."""
-    rng = random.Random(f"kvroute/niah/{spec.seed}/{length}/{depth}/{index}")
-    paras = _paragraphs(None if spec.haystack is None else str(spec.haystack))
-    key = f"{rng.choice(CREATURE_HEADS)}-{rng.choice(CREATURE_TAILS)}"
-    value = str(rng.randrange(1_000_000, 10_000_000))
-    needle = spec.needle.format(key=key, value=value)
-    # multi-key distractor needles: their own generator, so the single-needle instances stay byte-identical
-    drng = random.Random(f"kvroute/niah/{spec.seed}/{length}/{depth}/{index}/distractors")
-    others: list[tuple[str, str]] = []  # (key, value) of each distractor needle
-    while len(others) < spec.distractors:
+def _distractor_pairs(drng: random.Random, n: int, key: str, value: str) -> list[tuple[str, str]]:
+    """``n`` (key, value) pairs for distractor needles, each key and value unlike the needle's and each other's."""
+    others: list[tuple[str, str]] = []
+    while len(others) < n:
         k = f"{drng.choice(CREATURE_HEADS)}-{drng.choice(CREATURE_TAILS)}"
         v = str(drng.randrange(1_000_000, 10_000_000))
         if k != key and k not in {o[0] for o in others} and v != value and v not in {o[1] for o in others}:
             others.append((k, v))
-    extra = [spec.needle.format(key=k, value=v) for k, v in others]
-    budget = length - count(needle) - sum(count(" " + x) for x in extra)
+    return others
+
+
+def _haystack(paras: tuple[tuple[str, ...], ...], rng: random.Random, budget: int,
+              count: TokenCounter) -> tuple[list[tuple[str, bool]], list[int]]:
+    """Haystack sentences (each with "starts a paragraph") up to about ``budget`` tokens, and their token counts."""
     pieces: list[tuple[str, bool]] = []
     tokens: list[int] = []
     total = 0
@@ -172,6 +168,24 @@ def niah_instance(spec: NiahSpec, *, length: int, depth: float, index: int, coun
         pieces.append((sent, para))
         tokens.append(t)
         total += t
+    return pieces, tokens
+
+
+def niah_instance(spec: NiahSpec, *, length: int, depth: float, index: int, count: TokenCounter,
+                  difficulty: int | None = None) -> TaskInstance:
+    """One instance of the (``length``, ``depth``) cell; ``index`` numbers it within the whole grid."""
+    rng = random.Random(f"kvroute/niah/{spec.seed}/{length}/{depth}/{index}")
+    paras = _paragraphs(None if spec.haystack is None else str(spec.haystack))
+    key = f"{rng.choice(CREATURE_HEADS)}-{rng.choice(CREATURE_TAILS)}"
+    value = str(rng.randrange(1_000_000, 10_000_000))
+    needle = spec.needle.format(key=key, value=value)
+    # multi-key distractor needles: their own generator, so the single-needle instances stay byte-identical
+    drng = random.Random(f"kvroute/niah/{spec.seed}/{length}/{depth}/{index}/distractors")
+    others = _distractor_pairs(drng, spec.distractors, key, value)  # (key, value) of each distractor needle
+    extra = [spec.needle.format(key=k, value=v) for k, v in others]
+    budget = length - count(needle) - sum(count(" " + x) for x in extra)
+    pieces, tokens = _haystack(paras, rng, budget, count)
+    total = sum(tokens)
     cum = [0]
     for t in tokens:
         cum.append(cum[-1] + t)
@@ -236,7 +250,7 @@ def generate_niah(spec: NiahSpec, tokenizer: Any | None = None) -> list[TaskInst
     return out
 
 
-@FAMILIES.register("niah")
+@FAMILIES.add
 class Niah(Family):
     """The ``niah`` family for ``TaskSpec`` users (``kvroute tasks generate niah``, sweep configs).
 

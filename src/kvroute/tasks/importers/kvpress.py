@@ -15,7 +15,7 @@ from typing import Any
 from kvroute.tasks.importers.base import LAYOUTS, Layout, SourceRow, Where, answer_list, optional_int, text
 
 
-@LAYOUTS.register("kvpress")
+@LAYOUTS.add
 class KvpressLayout(Layout):
     name = "kvpress"
     summary = "kvpress evaluation datasets: context, question, answer[, answer_prefix, max_new_tokens, task]"

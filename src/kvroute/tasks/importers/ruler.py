@@ -41,7 +41,7 @@ def split_input(prompt: str) -> int | None:
     return cut + 1 if cut > 0 and body[:cut].strip() else None
 
 
-@LAYOUTS.register("ruler")
+@LAYOUTS.add
 class RulerLayout(Layout):
     name = "ruler"
     summary = "RULER prepared data: input (instructions + haystack + question), outputs, length"

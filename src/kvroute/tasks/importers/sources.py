@@ -142,7 +142,7 @@ def _parquet(path: Path, kind: str) -> list[tuple[Where, Mapping[str, Any]]]:
 
 def read_hub(dataset: str, *, config: str | None = None, split: str | None = None) -> Table:
     """``datasets.load_dataset(dataset, config, split=split or "test")``, after checking the hub answers."""
-    from kvroute.models.loading import hub_reachable
+    from kvroute.hub import hub_reachable
 
     if not hub_reachable():
         raise NetworkError(f"the Hugging Face hub is unreachable, so dataset {dataset!r} cannot be loaded; import a "

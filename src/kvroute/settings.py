@@ -1,0 +1,44 @@
+"""The settings of a run: everything that changes a record besides (model, instance, press, ratio, regime, seed).
+
+Free of the engine, so that a config can be checked (``kvroute sweep --dry-run``) without importing
+the engine and transformers; :mod:`kvroute.runner` runs instances with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
+
+if TYPE_CHECKING:
+    from kvroute.engine.decode import DecodeSettings
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything that changes a record besides (model, instance, press, ratio, regime, seed)."""
+
+    max_new_tokens: int = 24
+    batch_size: int = 64
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    metric: MetricSettings = field(default_factory=MetricSettings)
+    system_prompt: str | None = None
+    answer_prefix: str = ""
+
+    def __post_init__(self) -> None:
+        for m in self.metrics:
+            METRICS.get(m)  # unknown names fail with suggestions
+
+    @property
+    def needs(self) -> frozenset[str]:
+        out: set[str] = set()
+        for m in self.metrics:
+            out |= METRICS.get(m).needs
+        return frozenset(out)
+
+    def decode_settings(self) -> DecodeSettings:
+        from kvroute.engine.decode import DecodeSettings  # (the engine imports transformers: only when decoding)
+
+        return DecodeSettings(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                              capture=bool(self.needs & {"attention", "hidden"}))
