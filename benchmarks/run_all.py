@@ -17,7 +17,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 ORDER = ["load_speed", "equivalence", "grid_speed", "profile_grid", "metrics_overhead", "cell_batching",
-         "context_scaling",
+         "context_scaling", "attention_memory",
          "profile_capture",
          "bookkeeping", "planted_truth", "mask_controls", "startup"]
 

@@ -211,3 +211,34 @@ def test_rollout_reuses_the_models_queries_exactly(setup):
     prefill(lm.model, prompt.context_ids, captures=[recomputed])
     torch.testing.assert_close(hooked.shares(), recomputed.shares(), atol=1e-6, rtol=0)
     assert hooked.shares().shape == (lm.info.num_layers, T) and float(hooked.shares()[0, 5]) == 1.0
+
+
+def test_chunked_context_attention_gives_the_same_cells(setup, monkeypatch):
+    """The memory planner's chunked (online-softmax) attention against the one-shot form: same tokens, and
+    logits, captured rows and gold log-probs equal to float32 rounding (attention_memory=1 forces the smallest
+    chunk, 16 keys here)."""
+    import kvroute.engine.attention as attention
+    import kvroute.engine.streaming as streaming
+
+    monkeypatch.setattr(streaming, "MIN_CHUNK", 16)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["chunk"])
+        return streaming.chunked_context_attention(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "chunked_context_attention", counted)
+    lm, prompt = setup
+    assert len(prompt.context_ids) > 4 * 16  # several chunks
+    cells = [Cell(p, r) for p in ("knorm", "expected_attention+adakv", "snapkv[window_size=8]") for r in (0.3, 0.9)]
+    gold = lm.tokenizer.encode(" Ferravik", add_special_tokens=False)
+    one = Engine(lm, DecodeSettings(max_new_tokens=8, keep_logits=True)).run(prompt, cells, gold_ids=gold)
+    assert calls == []  # the default budget keeps this small context in one shot
+    chunked = Engine(lm, DecodeSettings(max_new_tokens=8, keep_logits=True, attention_memory=1)).run(
+        prompt, cells, gold_ids=gold)
+    assert calls and set(calls) == {16}  # the chunked form ran (every layer, every forward), the other did not
+    for a, b in zip([one.full, *one.outputs], [chunked.full, *chunked.outputs], strict=True):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(b.last_attention, a.last_attention, atol=1e-5, rtol=0)
+        assert b.gold_logprob == pytest.approx(a.gold_logprob, abs=1e-4)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kvroute.engine.streaming import chunked_context_attention, probability_rows
 from kvroute.errors import EngineError
 
 IMPLEMENTATION = "kvroute_masked"
@@ -40,6 +41,9 @@ class MaskedContext:
     # ``capture_query`` of the forward (negative counts from the end), every query head
     on_probs: Callable[[int, torch.Tensor], None] | None = None
     capture_query: int = -1
+    # context keys per step of the chunked (online-softmax) form; None: the whole context at once
+    # (see kvroute.engine.streaming: the planner sets it only where the one-shot tensors would not fit)
+    context_chunk: int | None = None
 
 
 def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -59,6 +63,14 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
     scale = scaling if scaling is not None else D**-0.5
 
     qg = query.reshape(B, Hkv, G * q, D)  # [B, Hkv, G·q, D]: rows of one KV head's group, (g, i) order
+    if ctx.context_chunk is not None and ctx.context_chunk < T:
+        keep_rows = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T]
+        if ctx.on_probs is not None:
+            ctx.on_probs(layer, probability_rows(qg, k_ctx, keep_rows, key, q=q, index=ctx.capture_query % q,
+                                                 scale=scale))
+        out = chunked_context_attention(qg, k_ctx, v_ctx, keep_rows, key, value, q=q, scale=scale,
+                                        chunk=ctx.context_chunk)  # [Hkv, B, G·q, D]
+        return out.transpose(0, 1).reshape(B, Hkv, G, q, D).reshape(B, H, q, D).transpose(1, 2).contiguous(), None
     # context part: fold cells into rows -> one bmm per KV head against the shared keys
     q_rows = qg.transpose(0, 1).reshape(Hkv, B * G * q, D)  # [Hkv, B·G·q, D]
     s_ctx = torch.bmm(q_rows, k_ctx.transpose(1, 2)).view(Hkv, B, G * q, T) * scale  # [Hkv, B, G·q, T]

@@ -18,6 +18,7 @@ from torch import nn
 from kvroute.engine.attention import MaskedContext, masked_attention
 from kvroute.engine.cache import SuffixCache
 from kvroute.engine.prefill import PrefillResult
+from kvroute.engine.streaming import attention_budget, context_chunk
 from kvroute.errors import EngineError
 from kvroute.presses.keepmask import KeepMask
 
@@ -29,12 +30,17 @@ class DecodeSettings:
     capture: bool = True  # last-prompt-token attention rows and hidden states, generated-token masses
     keep_generated_rows: bool = False  # also keep each generated token's full attention rows (float16)
     keep_logits: bool = False  # keep the question forward's logits (for equivalence checks)
+    # bytes the masked attention's transient tensors may take per forward; None: a quarter of the free memory
+    # (device memory on CUDA, RAM on the CPU). Past it, the context is attended in chunks (kvroute.engine.streaming)
+    attention_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise EngineError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
         if self.batch_size < 1:
             raise EngineError(f"batch_size must be ≥ 1, got {self.batch_size}")
+        if self.attention_memory is not None and self.attention_memory < 1:
+            raise EngineError(f"attention_memory must be a positive number of bytes, got {self.attention_memory}")
 
 
 @dataclass
@@ -260,7 +266,13 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
         if settings.keep_generated_rows:
             gen_rows[step][layer] = row.half()
 
-    ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None, capture_query=Q - 1)
+    budget = settings.attention_memory or attention_budget(device)
+
+    def chunk(cells: int, queries: int, keys: int) -> int | None:  # the context chunk of one forward (None: at once)
+        return context_chunk(cells, H, queries, keys, budget)
+
+    ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None, capture_query=Q - 1,
+                        context_chunk=chunk(B, Q + G, T + Q + G))
     with masked_attention(model, ctx):
         # 1) question (+ teacher-forced gold answer) for all cells
         ids = torch.tensor([question + gold], device=device).expand(B, -1)
@@ -287,6 +299,8 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             for b in range(B):
                 results[b].lens_logprob, results[b].lens_rank = lens_lp[b, :, :n], lens_rank[b, :, :n]
         if lens_seqs:
+            M = max(len(s) for s in lens_seqs)
+            ctx.context_chunk = chunk(B * len(lens_seqs), M, T + Q + M)
             seq_lp = _sequence_lens(model, cache, ctx, Q, lens_lp[:, :, n:], lens_seqs)  # [B, L, S]
             for b in range(B):
                 results[b].lens_seq_logprob = seq_lp[b]
@@ -295,6 +309,7 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
                 results[b].logits = logits[b].float().clone()
         cache.truncate(Q)
         ctx.capture_query = 0  # decode steps have one query per cell
+        ctx.context_chunk = chunk(B, 1, T + Q + settings.max_new_tokens)
         nxt = logits[:, 0].argmax(-1)  # [B]
         # 2) greedy decoding, finished cells leave the batch
         for step in range(settings.max_new_tokens):

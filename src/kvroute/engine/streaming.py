@@ -1,0 +1,115 @@
+"""Masked attention over the shared context in chunks (online softmax), and its memory planner.
+
+The masked attention function (:mod:`kvroute.engine.attention`) computes, for the B cells of a decoding
+batch, ``softmax([q·K_ctxᵀ masked by each cell's keep mask, q·K_sufᵀ causal]) · [V_ctx; V_suf]``. Done at
+once it materialises float32 scores and probabilities ``[Hkv, B, G·q, T + s]`` per layer: O(B·H·q·T)
+transient memory, ~13 GB for the scores alone for an 8B model (32 query heads) at 32k tokens, 64 cells
+and a 50-token question. :func:`chunked_context_attention` gives the same result chunk by chunk of the
+context with a running maximum and sum (the online softmax of FlashAttention), so the transient memory
+is O(B·H·q·chunk); the one probability row per cell that the metrics capture is computed on its own
+(:func:`probability_rows`, B·H·(T + s) floats).
+
+:func:`context_chunk` is the planner: ``None`` (the whole context at once, the exact arithmetic every
+record so far was made with) whenever the one-shot tensors fit the budget, else the largest chunk
+that does. Results agree with the one-shot function to float32 rounding (tests/unit/test_streaming.py);
+the order of the sums differs, so a near-tie between two next tokens could in principle resolve
+differently: the planner chunks only where the one-shot form would not fit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+#: float32 tensors of the one-shot form alive at once, per (row, key): scores, masked scores, probabilities
+ONE_SHOT_COPIES = 3
+#: the smallest chunk worth its loop
+MIN_CHUNK = 64
+
+
+def _suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float) -> torch.Tensor:
+    """Causal scores of the cells' own suffix tokens, ``[Hkv, B, G·q, s]`` float32 (rows in (g, i) order)."""
+    G = qg.shape[2] // q
+    s = key.shape[2]
+    s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1).float() * scale  # [Hkv, B, G·q, s]
+    qpos = torch.arange(q, device=qg.device).repeat(G) + (s - q)  # suffix index of each row
+    causal = torch.arange(s, device=qg.device)[None, :] > qpos[:, None]  # [G·q, s]
+    return s_suf.masked_fill(causal, float("-inf"))
+
+
+def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, keep: torch.Tensor,
+                              key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
+                              chunk: int) -> torch.Tensor:
+    """The masked attention output ``[Hkv, B, G·q, D]`` (in the query's dtype), ``chunk`` context keys at a time.
+
+    ``qg`` ``[B, Hkv, G·q, D]``: each KV head's query rows, (g, i) order; ``k_ctx``/``v_ctx`` ``[Hkv, T, D]``:
+    the shared context; ``keep`` bool ``[Hkv, B, 1, T]``; ``key``/``value`` ``[B, Hkv, s, D]``: the cells' own
+    suffix, whose last ``q`` positions are the queries'. Every row sees at least its own suffix position, so
+    the running maximum starts finite from the suffix part, and a cell that keeps no context entry is fine.
+    """
+    B, Hkv, R, D = qg.shape
+    T = k_ctx.shape[1]
+    s_suf = _suffix_scores(qg, key, q, scale)  # [Hkv, B, R, s]
+    m = s_suf.amax(-1, keepdim=True)  # [Hkv, B, R, 1] running maximum
+    e = torch.exp(s_suf - m)
+    total = e.sum(-1, keepdim=True)  # running sum of exp
+    acc = torch.matmul(e, value.transpose(0, 1).float())  # [Hkv, B, R, D] running output, float32
+    q_rows = qg.transpose(0, 1).reshape(Hkv, B * R, D)  # cells folded into rows: one bmm per KV head
+    for a in range(0, T, chunk):
+        b = min(T, a + chunk)
+        sc = torch.bmm(q_rows, k_ctx[:, a:b].transpose(1, 2)).view(Hkv, B, R, b - a).float() * scale
+        sc = sc.masked_fill(~keep[..., a:b], float("-inf"))
+        m_new = torch.maximum(m, sc.amax(-1, keepdim=True))
+        fix = torch.exp(m - m_new)
+        e = torch.exp(sc - m_new)
+        total = total * fix + e.sum(-1, keepdim=True)
+        acc = acc * fix + torch.bmm(e.reshape(Hkv, B * R, b - a), v_ctx[:, a:b].float()).view(Hkv, B, R, D)
+        m = m_new
+    return (acc / total).to(qg.dtype)
+
+
+def probability_rows(qg: torch.Tensor, k_ctx: torch.Tensor, keep: torch.Tensor, key: torch.Tensor, *, q: int,
+                     index: int, scale: float) -> torch.Tensor:
+    """The float32 attention probabilities of query ``index`` (of the ``q``) of every cell and query head,
+    ``[B, H, T + s]`` (query head = kv·G + g): the rows the metrics capture, without the other queries'."""
+    B, Hkv, R, D = qg.shape
+    G, T = R // q, k_ctx.shape[1]
+    qi = qg[:, :, index::q]  # [B, Hkv, G, D]: query ``index`` of each head of the group
+    sc = torch.bmm(qi.transpose(0, 1).reshape(Hkv, B * G, D), k_ctx.transpose(1, 2)).view(Hkv, B, G, T) * scale
+    sc = sc.masked_fill(~keep, float("-inf"))
+    s = key.shape[2]
+    ss = torch.matmul(qi, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G, s]
+    ss = ss.masked_fill(torch.arange(s, device=qg.device) > s - q + index, float("-inf"))
+    probs = torch.softmax(torch.cat([sc, ss], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G, T + s]
+    return probs.transpose(0, 1).reshape(B, Hkv * G, T + s)
+
+
+def one_shot_bytes(cells: int, heads: int, queries: int, keys: int) -> int:
+    """Transient bytes of the one-shot masked attention of one layer's forward (float32 scores and probabilities)."""
+    return ONE_SHOT_COPIES * 4 * cells * heads * queries * keys
+
+
+def context_chunk(cells: int, heads: int, queries: int, keys: int, budget: int) -> int | None:
+    """The context chunk for a forward of ``cells`` × ``heads`` × ``queries`` rows over ``keys`` keys: None (one
+    shot) when :func:`one_shot_bytes` fits ``budget``, else the largest chunk that does (at least MIN_CHUNK)."""
+    if one_shot_bytes(cells, heads, queries, keys) <= budget:
+        return None
+    per_key = one_shot_bytes(cells, heads, queries, 1)
+    return max(MIN_CHUNK, budget // max(per_key, 1))
+
+
+def available_memory(device: torch.device) -> int:
+    """Free memory where the attention runs: the device's free memory on CUDA, available RAM on the CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: assume 8 GiB
+        return 8 << 30
+
+
+def attention_budget(device: torch.device, share: float = 0.25) -> int:
+    """The default budget for the masked attention's transient tensors: ``share`` of the free memory."""
+    return int(available_memory(device) * share)

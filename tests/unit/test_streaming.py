@@ -1,0 +1,51 @@
+"""Chunked (online-softmax) masked attention equals the one-shot form; the planner chunks only past the budget."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvroute.engine.attention import MaskedContext, _masked_attention_forward, _state
+from kvroute.engine.streaming import MIN_CHUNK, context_chunk, one_shot_bytes
+
+
+def _forward(ctx: MaskedContext, query, key, value):
+    _state.ctx = ctx
+    try:
+        return _masked_attention_forward(SimpleNamespace(layer_idx=0), query, key, value, None)[0]
+    finally:
+        _state.ctx = None
+
+
+@pytest.mark.parametrize("B, Hkv, G, q, s, T, D, chunk", [
+    (3, 2, 3, 5, 7, 50, 16, 8),  # GQA, a question forward (q = 5 of s = 7 suffix positions)
+    (2, 1, 1, 1, 4, 33, 8, 64),  # one decode step; chunk longer than the context
+    (4, 2, 2, 3, 3, 200, 32, 17),  # chunk not dividing T
+])
+def test_chunked_equals_one_shot_with_the_same_captured_rows(B, Hkv, G, q, s, T, D, chunk):
+    g = torch.Generator().manual_seed(B * 100 + T)
+    k_ctx, v_ctx = torch.randn(1, Hkv, T, D, generator=g), torch.randn(1, Hkv, T, D, generator=g)
+    keep = torch.rand(B, 1, Hkv, T, generator=g) > 0.6  # [B, L=1, Hkv, T]
+    keep[0] = False  # a cell that keeps no context entry at all
+    query = torch.randn(B, Hkv * G, q, D, generator=g)
+    key, value = torch.randn(B, Hkv, s, D, generator=g), torch.randn(B, Hkv, s, D, generator=g)
+    seen: dict[str, torch.Tensor] = {}
+    one = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r: seen.__setitem__("one", r), q - 1),
+                   query, key, value)
+    chunked = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r: seen.__setitem__("chunked", r), q - 1,
+                                     context_chunk=chunk), query, key, value)
+    assert chunked.shape == one.shape == (B, q, Hkv * G, D)
+    assert torch.allclose(chunked, one, atol=1e-5, rtol=0), (chunked - one).abs().max()
+    assert torch.allclose(seen["chunked"], seen["one"], atol=1e-6, rtol=0)
+    assert torch.allclose(seen["one"].sum(-1), torch.ones(B, Hkv * G))  # rows are distributions
+
+
+def test_planner_keeps_one_shot_while_it_fits_and_chunks_past_the_budget():
+    need = one_shot_bytes(cells=64, heads=32, queries=50, keys=32_768)
+    assert need == 3 * 4 * 64 * 32 * 50 * 32_768  # ~40 GB: an 8B model at 32k tokens, 64 cells
+    assert context_chunk(64, 32, 50, 32_768, budget=need) is None
+    chunk = context_chunk(64, 32, 50, 32_768, budget=need // 10)
+    assert chunk is not None and one_shot_bytes(64, 32, 50, chunk) <= need // 10 < one_shot_bytes(64, 32, 50, chunk + 1)
+    assert context_chunk(64, 32, 50, 32_768, budget=1) == MIN_CHUNK
