@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common import environment, run_child, write
+from common import MEMORY_PROBE, environment, run_child, write
 
-CHILD = r"""
+CHILD = MEMORY_PROBE + r"""
 import json, sys, time
 import torch
 from kvroute.models import load_model
@@ -43,13 +43,8 @@ masks = [KeepMask(torch.rand(L, Hkv, T, generator=g) >= r, "random", r) for r in
 budget = None if mode == "planned" and budget_mb <= 0 else (1 << 60 if mode == "one-shot" else int(budget_mb * 2**20))
 settings = DecodeSettings(max_new_tokens=2, batch_size=64, capture=False, attention_memory=budget)
 
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) / 1024
-
 base = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")
+reset_peak()
 t0 = time.perf_counter()
 outs = decode_cells(lm.model, None, pre, ids[n:], masks, settings=settings)
 seconds = time.perf_counter() - t0

@@ -14,9 +14,9 @@ import argparse
 import statistics
 import sys
 
-from common import environment, median_spread, run_child, write
+from common import MEMORY_PROBE, environment, median_spread, run_child, write
 
-CHILD = r"""
+CHILD = MEMORY_PROBE + r"""
 import json, sys, time
 import torch
 from kvroute.models import load_model
@@ -32,12 +32,8 @@ ratios = [0.1 + 0.8 * i / 15 for i in range(16)]
 cells = [Cell(p, round(r, 4)) for p in presses for r in ratios][:n_cells]
 eng = Engine(lm, DecodeSettings(max_new_tokens=16, batch_size=batch, capture=False))
 eng.run(prompt, cells[:2])
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) / 1024
 base = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")
+reset_peak()
 times = []
 for _ in range(repeats):
     t0 = time.perf_counter(); res = eng.run(prompt, cells, decode_full=False); times.append(time.perf_counter() - t0)

@@ -53,3 +53,16 @@ def write(name: str, lines: list[str]) -> Path:
     p = RESULTS / f"{name}.md"
     p.write_text("\n".join(lines) + "\n")
     return p
+
+
+#: the memory probe of the benchmarks' child processes (prepend it to a child's code): ``status("VmRSS")`` /
+#: ``status("VmHWM")`` in MB from /proc/self/status, and ``reset_peak()`` to restart the peak (VmHWM) count
+MEMORY_PROBE = r"""
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024
+
+def reset_peak():
+    open("/proc/self/clear_refs", "w").write("5")
+"""

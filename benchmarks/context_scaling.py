@@ -14,7 +14,7 @@ import argparse
 import statistics
 import sys
 
-from common import environment, median_spread, run_child, write
+from common import MEMORY_PROBE, environment, median_spread, run_child, write
 
 LINEAR = ["expected_attention", "snapkv", "knorm", "tova", "streaming_llm", "keydiff"]
 CONFIGS = {
@@ -24,7 +24,7 @@ CONFIGS = {
     "observed_attention": ["observed_attention"],
 }
 
-CHILD = r"""
+CHILD = MEMORY_PROBE + r"""
 import json, sys, time
 import torch
 from transformers import DynamicCache
@@ -59,21 +59,13 @@ def once(x):
     prefill(lm.model, x, requests(), captures=caps)
 
 once(ids(128))  # longer than SnapKV's 64-token window
-def hwm():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM"):
-            return int(line.split()[1]) / 1024
-def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) / 1024
-base = rss()
-open("/proc/self/clear_refs", "w").write("5")
+base = status("VmRSS")
+reset_peak()
 x = ids(n)
 times = []
 for _ in range(repeats):
     t0 = time.perf_counter(); once(x); times.append(time.perf_counter() - t0)
-print(json.dumps({"times": times, "peak_mb": hwm() - base}))
+print(json.dumps({"times": times, "peak_mb": status("VmHWM") - base}))
 """
 
 
