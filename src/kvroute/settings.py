@@ -25,6 +25,9 @@ class RunSettings:
     metric: MetricSettings = field(default_factory=MetricSettings)
     system_prompt: str | None = None
     answer_prefix: str = ""
+    # bytes the masked attention's transient tensors may take per forward (None: a quarter of the free memory);
+    # past it the context is attended in chunks (kvroute.engine.streaming), equal to float32 rounding
+    attention_memory: int | None = None
 
     def __post_init__(self) -> None:
         for m in self.metrics:
@@ -41,4 +44,5 @@ class RunSettings:
         from kvroute.engine.decode import DecodeSettings  # (the engine imports transformers: only when decoding)
 
         return DecodeSettings(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
-                              capture=bool(self.needs & {"attention", "hidden"}))
+                              capture=bool(self.needs & {"attention", "hidden"}),
+                              attention_memory=self.attention_memory)

@@ -155,3 +155,23 @@ def test_the_documented_example_config_is_valid(tmp_path):
     cfg = load_sweep_config(write(tmp_path, toml))
     assert cfg.name == "cliff" and len(cfg.models) == 2 and cfg.ray.address == "auto"
     assert cfg.tasks[1].spec.target_tokens == 1024 and cfg.settings.system_prompt == "Answer from the context."
+
+
+@pytest.mark.parametrize("given, bytes_", [(1 << 30, 1 << 30), ("512MB", 512 * 10**6), ("4GiB", 4 << 30),
+                                           ("2G", 2 * 10**9), ("1.5 GiB", int(1.5 * 2**30)), ("300kib", 300 * 1024)])
+def test_attention_memory_takes_bytes_or_a_size_with_a_unit(folder, given, bytes_):
+    value = given if isinstance(given, int) else f'"{given}"'
+    cfg = load_sweep_config(write(folder, TOML + f"\n[decoding]\nattention_memory = {value}\n"
+                                  if "[decoding]" not in TOML else
+                                  TOML.replace("[decoding]", f"[decoding]\nattention_memory = {value}")))
+    assert cfg.settings.attention_memory == bytes_
+    assert cfg.settings.decode_settings().attention_memory == bytes_
+    assert cfg.settings_hash == load_sweep_config(write(folder, TOML)).settings_hash  # not a result-changing setting
+
+
+@pytest.mark.parametrize("bad", ['"lots"', "0", '"-1GB"', '"3 parsecs"', "true"])
+def test_a_bad_attention_memory_is_refused_naming_the_key(folder, bad):
+    text = (TOML.replace("[decoding]", f"[decoding]\nattention_memory = {bad}") if "[decoding]" in TOML
+            else TOML + f"\n[decoding]\nattention_memory = {bad}\n")
+    with pytest.raises(ConfigError, match="decoding.attention_memory.*memory size"):
+        load_sweep_config(write(folder, text))

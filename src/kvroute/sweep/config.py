@@ -32,7 +32,7 @@ TOP_KEYS = ("name", "models", "tasks", "presses", "ratios", "regimes", "seeds", 
 MODEL_KEYS = ("name", "device", "dtype")
 FILE_TASK_KEYS = ("file", "limit")
 SPEC_TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskSpec))
-DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix")
+DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix", "attention_memory")
 METRIC_SETTING_KEYS = tuple(f.name for f in dataclasses.fields(MetricSettings))
 RAY_KEYS = ("address", "instances_per_shard", "cpus_per_worker")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
@@ -115,14 +115,16 @@ class SweepConfig:
             "presses": list(self.presses), "ratios": list(self.ratios), "regimes": list(self.regimes),
             "seeds": list(self.seeds), "metrics": list(s.metrics),
             "decoding": {"max_new_tokens": s.max_new_tokens, "batch_size": s.batch_size,
-                         "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix},
+                         "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
+                         "attention_memory": s.attention_memory},
             "metric_settings": dataclasses.asdict(s.metric), "ray": dataclasses.asdict(self.ray),
             "settings_hash": self.settings_hash,
         }
 
 
 def settings_hash(s: RunSettings) -> str:
-    """Hash of every setting that changes a record's values (batch size does not; kvroute's minor version does)."""
+    """Hash of every setting that changes a record's values (batch size and the attention's memory budget do not;
+    kvroute's minor version does)."""
     payload = {"max_new_tokens": s.max_new_tokens, "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
                "metrics": sorted(s.metrics), "metric": dataclasses.asdict(s.metric),
                "kvroute": ".".join(__version__.split(".")[:2])}
@@ -337,7 +339,26 @@ def _decoding(v: Any, w: _Where) -> dict[str, Any]:
         if not isinstance(d["answer_prefix"], str):
             raise w.error("decoding.answer_prefix", "must be a string", d["answer_prefix"])
         out["answer_prefix"] = d["answer_prefix"]
+    if "attention_memory" in d:
+        out["attention_memory"] = _bytes(d["attention_memory"], "decoding.attention_memory", w)
     return out
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNIT = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6, "MIB": 2**20,
+         "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12, "TIB": 2**40}
+
+
+def _bytes(v: Any, key: str, w: _Where) -> int:
+    """A memory size: a positive number of bytes, or a string with a unit ("512MB", "4GiB", "2G")."""
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    m = _SIZE.match(v) if isinstance(v, str) else None
+    unit = (m.group(2) or "").upper() if m else ""
+    if m is None or unit not in _UNIT or float(m.group(1)) * _UNIT[unit] < 1:
+        raise w.error(key, "must be a positive memory size: bytes, or a number with a unit such as "
+                           "\"512MB\", \"4GiB\" or \"2G\"", v)
+    return int(float(m.group(1)) * _UNIT[unit])
 
 
 def _metric_settings(v: Any, w: _Where) -> MetricSettings:
