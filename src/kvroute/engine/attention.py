@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvroute.engine.streaming import chunked_context_attention, probability_rows
+from kvroute.engine.streaming import chunked_context_attention, probability_rows, suffix_causal
 from kvroute.errors import EngineError
 
 IMPLEMENTATION = "kvroute_masked"
@@ -56,43 +56,46 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
         raise EngineError("the masked engine does not support sliding-window or soft-capped attention layers")
     layer: int = module.layer_idx
     B, H, q, D = query.shape  # query [B, H, q, D]; key/value: the cells' suffix [B, Hkv, s, D]
-    Hkv, s = key.shape[1], key.shape[2]
+    Hkv = key.shape[1]
     G = H // Hkv
     k_ctx, v_ctx = ctx.keys[layer][0], ctx.values[layer][0]  # [Hkv, T, D]
     T = k_ctx.shape[1]
     scale = scaling if scaling is not None else D**-0.5
 
     qg = query.reshape(B, Hkv, G * q, D)  # [B, Hkv, G·q, D]: rows of one KV head's group, (g, i) order
+    keep = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T]
     if ctx.context_chunk is not None and ctx.context_chunk < T:
-        keep_rows = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T]
         if ctx.on_probs is not None:
-            ctx.on_probs(layer, probability_rows(qg, k_ctx, keep_rows, key, q=q, index=ctx.capture_query % q,
-                                                 scale=scale))
-        out = chunked_context_attention(qg, k_ctx, v_ctx, keep_rows, key, value, q=q, scale=scale,
+            ctx.on_probs(layer, probability_rows(qg, k_ctx, keep, key, q=q, index=ctx.capture_query % q, scale=scale))
+        out = chunked_context_attention(qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale,
                                         chunk=ctx.context_chunk)  # [Hkv, B, G·q, D]
-        return out.transpose(0, 1).reshape(B, Hkv, G, q, D).reshape(B, H, q, D).transpose(1, 2).contiguous(), None
+    else:
+        out = _one_shot(ctx, layer, qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale)
+    # [Hkv, B, G·q, D] -> [B, Hkv, G, q, D] -> [B, q, H, D]
+    return out.transpose(0, 1).reshape(B, Hkv, G, q, D).reshape(B, H, q, D).transpose(1, 2).contiguous(), None
+
+
+def _one_shot(ctx: MaskedContext, layer: int, qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
+              keep: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float) -> torch.Tensor:
+    """The masked attention output ``[Hkv, B, G·q, D]`` with the whole context at once (shapes as in the caller)."""
+    B, Hkv, R, D = qg.shape
+    G, T, s = R // q, k_ctx.shape[1], key.shape[2]
     # context part: fold cells into rows -> one bmm per KV head against the shared keys
     q_rows = qg.transpose(0, 1).reshape(Hkv, B * G * q, D)  # [Hkv, B·G·q, D]
     s_ctx = torch.bmm(q_rows, k_ctx.transpose(1, 2)).view(Hkv, B, G * q, T) * scale  # [Hkv, B, G·q, T]
-    keep = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T]
     s_ctx = s_ctx.masked_fill(~keep, float("-inf"))
     # suffix part: each cell's own tokens, causal
     s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G·q, s]
-    qpos = torch.arange(q, device=query.device).repeat(G) + (s - q)  # suffix index of each row, (g, i) order
-    causal = torch.arange(s, device=query.device)[None, :] > qpos[:, None]  # [G·q, s]
-    s_suf = s_suf.masked_fill(causal, float("-inf"))
+    s_suf = s_suf.masked_fill(suffix_causal(q, G, s, qg.device), float("-inf"))
 
     probs = torch.softmax(torch.cat([s_ctx, s_suf], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G·q, T+s]
     if ctx.on_probs is not None:
         i = ctx.capture_query % q
         rows = probs[:, :, i::q, :]  # [Hkv, B, G, T+s]: rows g·q + i, i.e. query index i of each head in the group
-        ctx.on_probs(layer, rows.transpose(0, 1).reshape(B, H, T + s))  # query head = kv·G + g
-    p = probs.to(query.dtype)
+        ctx.on_probs(layer, rows.transpose(0, 1).reshape(B, Hkv * G, T + s))  # query head = kv·G + g
+    p = probs.to(qg.dtype)
     out = torch.bmm(p[..., :T].reshape(Hkv, B * G * q, T), v_ctx).view(Hkv, B, G * q, D)
-    out = out + torch.matmul(p[..., T:], value.transpose(0, 1))  # [Hkv, B, G·q, s] @ [Hkv, B, s, D]
-    # [Hkv, B, G·q, D] -> [B, Hkv, G, q, D] -> [B, q, H, D]
-    out = out.transpose(0, 1).reshape(B, Hkv, G, q, D).reshape(B, H, q, D).transpose(1, 2).contiguous()
-    return out, None
+    return out + torch.matmul(p[..., T:], value.transpose(0, 1))  # [Hkv, B, G·q, s] @ [Hkv, B, s, D]
 
 
 @contextlib.contextmanager

@@ -28,14 +28,17 @@ ONE_SHOT_COPIES = 3
 MIN_CHUNK = 64
 
 
+def suffix_causal(q: int, G: int, s: int, device: torch.device) -> torch.Tensor:
+    """bool ``[G·q, s]``: True where a query row (the last ``q`` of ``s`` suffix positions, rows in (g, i)
+    order for the G query heads of a KV group) may not see a suffix key (it lies after the row's own position)."""
+    qpos = torch.arange(q, device=device).repeat(G) + (s - q)  # suffix index of each row
+    return torch.arange(s, device=device)[None, :] > qpos[:, None]
+
+
 def _suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float) -> torch.Tensor:
     """Causal scores of the cells' own suffix tokens, ``[Hkv, B, G·q, s]`` float32 (rows in (g, i) order)."""
-    G = qg.shape[2] // q
-    s = key.shape[2]
     s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1).float() * scale  # [Hkv, B, G·q, s]
-    qpos = torch.arange(q, device=qg.device).repeat(G) + (s - q)  # suffix index of each row
-    causal = torch.arange(s, device=qg.device)[None, :] > qpos[:, None]  # [G·q, s]
-    return s_suf.masked_fill(causal, float("-inf"))
+    return s_suf.masked_fill(suffix_causal(q, qg.shape[2] // q, key.shape[2], qg.device), float("-inf"))
 
 
 def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, keep: torch.Tensor,
