@@ -103,6 +103,11 @@ class PromptTooLongError(EngineError):
     """A prompt does not fit in the model's context window."""
 
 
+class InsufficientMemoryError(EngineError):
+    """An instance would not fit the free memory even one cell at a time (kvroute.engine.plan); says how much
+    it needs."""
+
+
 class AnalysisError(KvrouteError, ValueError):
     """Records cannot be analysed as asked (missing columns, too little data, bad parameters)."""
 

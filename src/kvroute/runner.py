@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from kvroute.engine.cell import NO_PRESS, Cell
 from kvroute.engine.engine import Engine, EngineResult
 from kvroute.engine.window import check_chars
-from kvroute.errors import CELL_ERRORS, ConfigError, error_reason
+from kvroute.errors import CELL_ERRORS, ConfigError, InsufficientMemoryError, error_reason
 from kvroute.metrics import METRICS, CellContext
 from kvroute.metrics.accessibility import EvidenceRollout, document_range
 from kvroute.metrics.representation import answer_candidates
@@ -112,13 +112,41 @@ def error_record(cell: Cell, reason: str, *, model_name: str, regime: str, seed:
             "seconds_prefill": (seconds or {}).get("prefill"), "seconds_decode": (seconds or {}).get("decode")}
 
 
+def instance_prompt(engine: Engine, instance: TaskInstance, *, regime: str, settings: RunSettings) -> Prompt:
+    """The prompt ``run_instance`` builds for ``instance`` under ``regime`` (a huge context is refused before it
+    is tokenised)."""
+    lm = engine.lm
+    check_chars(lm, len(instance.context) + len(instance.question), settings.max_new_tokens)
+    return build_prompt(lm.tokenizer, instance, regime=regime, system_prompt=settings.system_prompt,
+                        answer_prefix=settings.answer_prefix)
+
+
+def check_memory(engine: Engine, items: Sequence[tuple[TaskInstance, str, int]], settings: RunSettings) -> None:
+    """Refuse (InsufficientMemoryError naming the instance) before anything runs when the largest of ``items``
+    — (instance, regime, cells) — would not fit the free memory even one cell at a time. Instances whose
+    prompt cannot be built are left to their own per-cell error records."""
+    sized = []
+    for instance, regime, cells in items:
+        try:
+            prompt = instance_prompt(engine, instance, regime=regime, settings=settings)
+        except CELL_ERRORS:
+            continue
+        sized.append((prompt.n_context, len(prompt.question_ids), cells, instance))
+    if not sized:
+        return
+    T, Q, cells, instance = max(sized, key=lambda x: (x[0], x[2]))
+    needs = settings.needs
+    try:
+        engine.check_memory(T, Q + (8 if "gold" in needs else 0), cells + 1, tracks=int("attention" in needs))
+    except InsufficientMemoryError as e:
+        raise InsufficientMemoryError(f"instance {instance.id} (the longest: {T} context tokens): {e}; nothing was "
+                                      "computed") from None
+
+
 def _run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell], *, regime: str, seed: int,
                   settings: RunSettings, model_name: str) -> list[dict[str, Any]]:
     lm = engine.lm
-    # the cheap bound first: a huge context is refused before it is tokenised
-    check_chars(lm, len(instance.context) + len(instance.question), settings.max_new_tokens)
-    prompt = build_prompt(lm.tokenizer, instance, regime=regime, system_prompt=settings.system_prompt,
-                          answer_prefix=settings.answer_prefix)
+    prompt = instance_prompt(engine, instance, regime=regime, settings=settings)
     needs = settings.needs
     ev = [p for p in prompt.evidence_positions if p < prompt.n_context]
     rollout = None

@@ -20,7 +20,7 @@ class RunSettings:
     """Everything that changes a record besides (model, instance, press, ratio, regime, seed)."""
 
     max_new_tokens: int = 24
-    batch_size: int = 64
+    batch_size: int | None = None  # cells per decoding batch; None ("auto"): as many as the free memory takes
     metrics: tuple[str, ...] = DEFAULT_METRICS
     metric: MetricSettings = field(default_factory=MetricSettings)
     system_prompt: str | None = None
@@ -28,6 +28,10 @@ class RunSettings:
     # bytes the masked attention's transient tensors may take per forward (None: a quarter of the free memory);
     # past it the context is attended in chunks (kvroute.engine.streaming), equal to float32 rounding
     attention_memory: int | None = None
+    # verify the full cache's answer as a draft for every cell in one forward before decoding step by step
+    # (kvroute.engine.decode); the tokens are greedy decoding's either way. Off by default: see
+    # docs/performance.md, "Draft verification"
+    draft: bool = False
 
     def __post_init__(self) -> None:
         for m in self.metrics:
@@ -45,4 +49,4 @@ class RunSettings:
 
         return DecodeSettings(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
                               capture=bool(self.needs & {"attention", "hidden"}),
-                              attention_memory=self.attention_memory)
+                              attention_memory=self.attention_memory, draft=self.draft)

@@ -242,3 +242,127 @@ def test_chunked_context_attention_gives_the_same_cells(setup, monkeypatch):
         torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
         torch.testing.assert_close(b.last_attention, a.last_attention, atol=1e-5, rtol=0)
         assert b.gold_logprob == pytest.approx(a.gold_logprob, abs=1e-4)
+
+
+def _decode(lm, prompt, masks, *, draft=None, attention_memory=None, **kw):
+    from kvroute.engine.decode import decode_cells
+    from kvroute.engine.prefill import prefill
+
+    pre = prefill(lm.model, prompt.context_ids)
+    settings = DecodeSettings(max_new_tokens=12, attention_memory=attention_memory, draft=True)
+    return decode_cells(lm.model, lm.tokenizer, pre, prompt.question_ids, masks, draft=draft, settings=settings, **kw)
+
+
+def _masks(lm, prompt):
+    eng = Engine(lm)
+    res = eng.run(prompt, [Cell(p, r) for p in ("knorm", "snapkv[window_size=8]", "expected_attention+adakv")
+                           for r in (0.1, 0.5, 0.9)], decode_full=False)
+    return res.masks
+
+
+@pytest.mark.parametrize("memory", [None, 1], ids=["one_shot", "chunked"])
+def test_draft_verification_gives_the_greedy_tokens_whatever_the_draft(setup, memory, monkeypatch):
+    """Any draft — a cell's own answer (accepted whole), the same with one token changed (accepted up to it), noise,
+    one token, one longer than the answer may be, one ending in EOS — leaves every cell's greedy tokens, gold
+    log-prob, captured rows and generated-token masses as plain step-by-step decoding gives them."""
+    import kvroute.engine.streaming as streaming
+
+    monkeypatch.setattr(streaming, "MIN_CHUNK", 16)
+    lm, prompt = setup
+    masks = _masks(lm, prompt)
+    gold = lm.tokenizer.encode(" Ferravik", add_special_tokens=False)
+    kw = dict(gold_ids=gold, track={"first": list(range(8)), "question": [len(prompt.context_ids) + 1]})
+    plain = _decode(lm, prompt, masks, attention_memory=memory, **kw)
+    own = plain[4].tokens
+    eos = lm.model.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    g = torch.Generator().manual_seed(1)
+    drafts = {"own": own, "changed": own[:3] + [(own[3] + 1) % 200] + own[4:],
+              "noise": torch.randint(0, 200, (12,), generator=g).tolist(), "one": own[:1], "long": own * 5,
+              "eos": own[:5] + [eos]}
+    for name, draft in drafts.items():
+        got = _decode(lm, prompt, masks, draft=draft, attention_memory=memory, **kw)
+        for a, b in zip(plain, got, strict=True):
+            assert a.tokens == b.tokens, name
+            assert b.gold_logprob == pytest.approx(a.gold_logprob, abs=1e-5)
+            torch.testing.assert_close(b.last_attention, a.last_attention, atol=1e-6, rtol=0)
+            for k in a.generated_mass:
+                torch.testing.assert_close(b.generated_mass[k], a.generated_mass[k], atol=1e-5, rtol=0)
+
+
+def test_an_accepted_draft_replaces_the_decode_steps(setup):
+    """A draft the cells reproduce is verified in one forward: question forward + draft forward, no steps;
+    a draft wrong from its third token leaves steps from there only."""
+    lm, prompt = setup
+    mask = _masks(lm, prompt)[0]
+    calls = []
+    hook = lm.model.register_forward_pre_hook(lambda _m, args, kwargs: calls.append(kwargs["input_ids"].shape[1]),
+                                              with_kwargs=True)
+    try:
+        plain = _decode(lm, prompt, [mask, mask])[0].tokens
+        assert len(plain) == 12 and len(calls) == 12  # (random weights: no EOS) the question, then 11 steps
+        calls.clear()
+        assert _decode(lm, prompt, [mask, mask], draft=plain)[0].tokens == plain
+        assert calls == [len(prompt.question_ids), 11]
+        calls.clear()
+        changed = plain[:2] + [(plain[2] + 1) % 200] + plain[3:]
+        assert _decode(lm, prompt, [mask, mask], draft=changed)[0].tokens == plain
+        assert calls == [len(prompt.question_ids), 11] + [1] * 9  # tokens 0-2 decided; steps feed tokens 2 … 10
+    finally:
+        hook.remove()
+
+
+def test_the_engine_drafts_with_the_full_cache_answer(setup):
+    """Engine-level: draft on and off give the same cells, with and without the full-cache reference asked for."""
+    lm, prompt = setup
+    cells = [Cell(p, r) for p in ("knorm", "streaming_llm", "tova+pyramid[window_size=4]") for r in (0.0, 0.2, 0.9)]
+    gold = lm.tokenizer.encode(" Ferravik", add_special_tokens=False)
+    for decode_full in (True, False):
+        off = Engine(lm, DecodeSettings(max_new_tokens=10, draft=False)).run(prompt, cells, gold_ids=gold,
+                                                                            decode_full=decode_full)
+        on = Engine(lm, DecodeSettings(max_new_tokens=10, draft=True)).run(prompt, cells, gold_ids=gold,
+                                                                         decode_full=decode_full)
+        assert [o.tokens for o in on.outputs] == [o.tokens for o in off.outputs]
+        assert on.full is not None and on.full.tokens == off.full.tokens  # (ratio-0 cells share the full cache)
+
+
+def test_the_planned_batch_is_what_the_free_memory_takes(setup, monkeypatch):
+    """batch_size "auto": with free memory for exactly three cells beside the fixed part, cells are decoded three at
+    a time, and give what one batch of all of them gives."""
+    import kvroute.engine.decode as decode
+    from kvroute.engine.plan import HEADROOM, MemoryShape, plan_batch
+
+    lm, prompt = setup
+    cells = [Cell("knorm", r) for r in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    budget = 1 << 20
+    one = Engine(lm, DecodeSettings(max_new_tokens=6, batch_size=64, attention_memory=budget)).run(prompt, cells)
+    shape, T, Q = MemoryShape.of(lm.model), len(prompt.context_ids), len(prompt.question_ids)
+    probe = plan_batch(shape, T=T, q=Q, new=6, cells=5, available=1 << 40, attention=budget, capture=True)
+    available = int((probe.fixed + 3 * probe.per_cell + 1) / (1 - HEADROOM)) + 1
+    monkeypatch.setattr(decode, "available_memory", lambda _device: available)
+    rows = []
+    hook = lm.model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True)
+    try:
+        planned = Engine(lm, DecodeSettings(max_new_tokens=6, attention_memory=budget, draft=False)).run(
+            prompt, cells, decode_full=False)
+    finally:
+        hook.remove()
+    assert [r[0] for r in rows if r[1] == Q] == [3, 2]  # two batches' question forwards: 3 cells, then 2
+    for a, b in zip(one.outputs, planned.outputs, strict=True):
+        assert a.tokens == b.tokens
+
+
+def test_an_instance_too_big_for_the_memory_is_refused_before_its_prefill(setup, monkeypatch):
+    import kvroute.engine.streaming as streaming
+    from kvroute.errors import InsufficientMemoryError
+
+    lm, prompt = setup
+    monkeypatch.setattr(streaming, "available_memory", lambda _device: 10_000)
+    calls = []
+    hook = lm.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(InsufficientMemoryError, match=r"needs about [\d.]+ GiB beside the model; 0.00 GiB is free"):
+            Engine(lm, DecodeSettings(max_new_tokens=4)).run(prompt, [Cell("knorm", 0.5)])
+    finally:
+        hook.remove()
+    assert calls == []  # refused before any forward

@@ -215,3 +215,16 @@ def test_run_dir_is_reproducible_from_itself(uninterrupted):
     lines = (uninterrupted / task_file).read_text().splitlines()
     ids = {json.loads(line)["id"] for line in lines}
     assert ids == {r["instance_id"] for r in read_records(uninterrupted)}
+
+
+def test_a_grid_too_big_for_the_memory_stops_before_its_first_cell(folder, config_path, tmp_path, monkeypatch):
+    """The largest instance is checked against the free memory before any unit runs: the sweep stops naming it and
+    the memory it needs, with nothing in the store."""
+    import kvroute.engine.streaming as streaming
+    from kvroute.errors import SweepError
+
+    monkeypatch.setattr(streaming, "available_memory", lambda _device: 50_000)
+    with pytest.raises(SweepError, match=r"instance \w+ \(the longest: \d+ context tokens\).*needs about .*nothing "
+                                         "was computed"):
+        run_sweep(load_sweep_config(config_path), tmp_path / "run")
+    assert list(read_records(tmp_path / "run")) == []

@@ -6,6 +6,9 @@ the question), and every selection strategy is checked on the press specs of ``S
 or declared kvroute's own (``OWN_SELECTIONS``). A scorer or selection registered later is in these
 tests the moment it is registered, so it cannot land without answering as kvpress does.
 
+The engine runs with draft verification on (the full cache's answer verified for every cell in one forward,
+``DecodeSettings.draft``): its tokens must still be kvpress's.
+
 Two ways kvpress applies a selection, two checks. Presses that prune (ScorerPress, ChunkPress,
 ChunkKV, EntropyGatedChunkKV, Block, CriticalKV, Pyramid, Finch) must give the same generated token ids, text and
 first-token logits as kvpress's pipeline. Presses that mask with kvpress's "fake keys" (AdaKV,
@@ -137,8 +140,8 @@ def _prompt(lm, spec):
 def _run(lm, presses, ratios=RATIOS):
     c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
     cells = [Cell(p, r) for p in presses for r in ratios]
-    res = Engine(lm, DecodeSettings(max_new_tokens=MAX_NEW_TOKENS, keep_logits=True)).run(Prompt(c, q), cells,
-                                                                                           seed=SEED)
+    res = Engine(lm, DecodeSettings(max_new_tokens=MAX_NEW_TOKENS, keep_logits=True, draft=True)).run(
+        Prompt(c, q), cells, seed=SEED)
     return c, q, cells, res
 
 
@@ -154,7 +157,7 @@ def _assert_matches_kvpress(arch, press):
     press = _with_weights(lm, press)
     prompt = _prompt(lm, press)
     cells = [Cell(press, r) for r in RATIOS]
-    engine = Engine(lm, DecodeSettings(max_new_tokens=MAX_NEW_TOKENS, keep_logits=True))
+    engine = Engine(lm, DecodeSettings(max_new_tokens=MAX_NEW_TOKENS, keep_logits=True, draft=True))
     res = compare_prompt(engine, prompt, cells, seed=SEED)  # the comparison of `kvroute presses check`
     compared = 0
     for cmp in res.cells:

@@ -32,9 +32,9 @@ def test_chunked_equals_one_shot_with_the_same_captured_rows(B, Hkv, G, q, s, T,
     query = torch.randn(B, Hkv * G, q, D, generator=g)
     key, value = torch.randn(B, Hkv, s, D, generator=g), torch.randn(B, Hkv, s, D, generator=g)
     seen: dict[str, torch.Tensor] = {}
-    one = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r: seen.__setitem__("one", r), q - 1),
+    one = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("one", r), q - 1),
                    query, key, value)
-    chunked = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r: seen.__setitem__("chunked", r), q - 1,
+    chunked = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("chunked", r), q - 1,
                                      context_chunk=chunk), query, key, value)
     assert chunked.shape == one.shape == (B, q, Hkv * G, D)
     assert torch.allclose(chunked, one, atol=1e-5, rtol=0), (chunked - one).abs().max()

@@ -175,3 +175,30 @@ def test_a_bad_attention_memory_is_refused_naming_the_key(folder, bad):
             else TOML + f"\n[decoding]\nattention_memory = {bad}\n")
     with pytest.raises(ConfigError, match="decoding.attention_memory.*memory size"):
         load_sweep_config(write(folder, text))
+
+
+def _with_decoding(line):
+    return (TOML.replace("[decoding]", f"[decoding]\n{line}") if "[decoding]" in TOML
+            else TOML + f"\n[decoding]\n{line}\n")
+
+
+@pytest.mark.parametrize("given, expected", [('"auto"', None), ("8", 8)])
+def test_batch_size_is_a_number_or_auto(folder, given, expected):
+    cfg = load_sweep_config(write(folder, _with_decoding(f"batch_size = {given}")))
+    assert cfg.settings.batch_size == expected
+    assert cfg.settings.decode_settings().batch_size == expected
+    assert cfg.settings_hash == load_sweep_config(write(folder, TOML)).settings_hash
+
+
+@pytest.mark.parametrize("bad", ['"big"', "0", "true", "2.5"])
+def test_a_bad_batch_size_is_refused_naming_the_key(folder, bad):
+    with pytest.raises(ConfigError, match='decoding.batch_size.*integer >= 1 or "auto"'):
+        load_sweep_config(write(folder, _with_decoding(f"batch_size = {bad}")))
+
+
+def test_draft_is_a_boolean_outside_the_settings_hash(folder):
+    cfg = load_sweep_config(write(folder, _with_decoding("draft = false")))
+    assert cfg.settings.draft is False and cfg.settings.decode_settings().draft is False
+    assert cfg.settings_hash == load_sweep_config(write(folder, TOML)).settings_hash
+    with pytest.raises(ConfigError, match="decoding.draft.*true or false"):
+        load_sweep_config(write(folder, _with_decoding('draft = "yes"')))

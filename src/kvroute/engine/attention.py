@@ -37,13 +37,23 @@ class MaskedContext:
     keys: list[torch.Tensor]  # per layer [1, Hkv, T, D]
     values: list[torch.Tensor]  # per layer [1, Hkv, T, D]
     keep: torch.Tensor  # bool [B, L, Hkv, T]
-    # called with (layer_idx, rows [B, H, T + s]) when set: the float32 attention of query index
-    # ``capture_query`` of the forward (negative counts from the end), every query head
-    on_probs: Callable[[int, torch.Tensor], None] | None = None
-    capture_query: int = -1
+    # called with (layer_idx, rows [B, H, T + s], query index) when set: the float32 attention of query index
+    # ``capture_query`` of the forward (negative counts from the end), every query head; with
+    # ``capture_query=None``, once per query index of the forward, in order
+    on_probs: Callable[[int, torch.Tensor, int], None] | None = None
+    capture_query: int | None = -1
     # context keys per step of the chunked (online-softmax) form; None: the whole context at once
     # (see kvroute.engine.streaming: the planner sets it only where the one-shot tensors would not fit)
     context_chunk: int | None = None
+    # bool [B, capacity] over the cells' suffix cache slots: False where a slot holds no token of that cell
+    # (a draft token the cell rejected, see kvroute.engine.decode); None: every slot so far is the cell's
+    suffix_keep: torch.Tensor | None = None
+
+    def captured(self, q: int) -> range:
+        """The query indices of a forward of ``q`` queries whose attention rows ``on_probs`` receives."""
+        if self.on_probs is None:
+            return range(0)
+        return range(q) if self.capture_query is None else range(self.capture_query % q, self.capture_query % q + 1)
 
 
 def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -64,20 +74,24 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
 
     qg = query.reshape(B, Hkv, G * q, D)  # [B, Hkv, G·q, D]: rows of one KV head's group, (g, i) order
     keep = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T]
+    own = None if ctx.suffix_keep is None else ctx.suffix_keep[:, : key.shape[2]]  # [B, s]
     if ctx.context_chunk is not None and ctx.context_chunk < T:
-        if ctx.on_probs is not None:
-            ctx.on_probs(layer, probability_rows(qg, k_ctx, keep, key, q=q, index=ctx.capture_query % q, scale=scale))
+        for i in ctx.captured(q):
+            assert ctx.on_probs is not None
+            ctx.on_probs(layer, probability_rows(qg, k_ctx, keep, key, q=q, index=i, scale=scale, own=own), i)
         out = chunked_context_attention(qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale,
-                                        chunk=ctx.context_chunk)  # [Hkv, B, G·q, D]
+                                        chunk=ctx.context_chunk, own=own)  # [Hkv, B, G·q, D]
     else:
-        out = _one_shot(ctx, layer, qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale)
+        out = _one_shot(ctx, layer, qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale, own=own)
     # [Hkv, B, G·q, D] -> [B, Hkv, G, q, D] -> [B, q, H, D]
     return out.transpose(0, 1).reshape(B, Hkv, G, q, D).reshape(B, H, q, D).transpose(1, 2).contiguous(), None
 
 
 def _one_shot(ctx: MaskedContext, layer: int, qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
-              keep: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float) -> torch.Tensor:
-    """The masked attention output ``[Hkv, B, G·q, D]`` with the whole context at once (shapes as in the caller)."""
+              keep: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
+              own: torch.Tensor | None = None) -> torch.Tensor:
+    """The masked attention output ``[Hkv, B, G·q, D]`` with the whole context at once (shapes as in the caller;
+    ``own`` bool ``[B, s]``: the suffix slots each cell may see, None for all)."""
     B, Hkv, R, D = qg.shape
     G, T, s = R // q, k_ctx.shape[1], key.shape[2]
     # context part: fold cells into rows -> one bmm per KV head against the shared keys
@@ -87,12 +101,14 @@ def _one_shot(ctx: MaskedContext, layer: int, qg: torch.Tensor, k_ctx: torch.Ten
     # suffix part: each cell's own tokens, causal
     s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G·q, s]
     s_suf = s_suf.masked_fill(suffix_causal(q, G, s, qg.device), float("-inf"))
+    if own is not None:
+        s_suf = s_suf.masked_fill(~own[None, :, None, :], float("-inf"))
 
     probs = torch.softmax(torch.cat([s_ctx, s_suf], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G·q, T+s]
-    if ctx.on_probs is not None:
-        i = ctx.capture_query % q
+    for i in ctx.captured(q):
+        assert ctx.on_probs is not None
         rows = probs[:, :, i::q, :]  # [Hkv, B, G, T+s]: rows g·q + i, i.e. query index i of each head in the group
-        ctx.on_probs(layer, rows.transpose(0, 1).reshape(B, Hkv * G, T + s))  # query head = kv·G + g
+        ctx.on_probs(layer, rows.transpose(0, 1).reshape(B, Hkv * G, T + s), i)  # query head = kv·G + g
     p = probs.to(qg.dtype)
     out = torch.bmm(p[..., :T].reshape(Hkv, B * G * q, T), v_ctx).view(Hkv, B, G * q, D)
     return out + torch.matmul(p[..., T:], value.transpose(0, 1))  # [Hkv, B, G·q, s] @ [Hkv, B, s, D]

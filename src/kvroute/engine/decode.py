@@ -8,8 +8,9 @@ cells' own suffix K/V are per cell; the context K/V come from the prefill and ar
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -17,19 +18,25 @@ from torch import nn
 
 from kvroute.engine.attention import MaskedContext, masked_attention
 from kvroute.engine.cache import SuffixCache
+from kvroute.engine.plan import MemoryShape, plan_batch
 from kvroute.engine.prefill import PrefillResult
-from kvroute.engine.streaming import attention_budget, context_chunk
+from kvroute.engine.streaming import ATTENTION_SHARE, attention_budget, available_memory, context_chunk
 from kvroute.errors import EngineError
 from kvroute.presses.keepmask import KeepMask
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
     max_new_tokens: int = 32
-    batch_size: int = 64  # cells per decoding batch
+    batch_size: int | None = None  # cells per decoding batch; None: as many as the free memory takes (engine.plan)
     capture: bool = True  # last-prompt-token attention rows and hidden states, generated-token masses
     keep_generated_rows: bool = False  # also keep each generated token's full attention rows (float16)
     keep_logits: bool = False  # keep the question forward's logits (for equivalence checks)
+    # verify a given draft answer in one forward (decode_cells' ``draft``) before stepping; off by default: on the
+    # benchmarks so far it costs more than it saves (docs/performance.md, "Draft verification")
+    draft: bool = False
     # bytes the masked attention's transient tensors may take per forward; None: a quarter of the free memory
     # (device memory on CUDA, RAM on the CPU). Past it, the context is attended in chunks (kvroute.engine.streaming)
     attention_memory: int | None = None
@@ -37,7 +44,7 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise EngineError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise EngineError(f"batch_size must be ≥ 1, got {self.batch_size}")
         if self.attention_memory is not None and self.attention_memory < 1:
             raise EngineError(f"attention_memory must be a positive number of bytes, got {self.attention_memory}")
@@ -192,6 +199,57 @@ def _sequence_lens(model: nn.Module, cache: SuffixCache, ctx: MaskedContext, que
     return first + total.view(B, S, L).transpose(1, 2)
 
 
+def draft_feed(draft: Sequence[int], stop: set[int], max_new_tokens: int) -> list[int]:
+    """The draft tokens worth feeding: a last stop token is not (a cell that reaches it stops), nor anything past
+    the ``max_new_tokens - 1``-th (the answer ends there)."""
+    feed = list(draft)
+    if feed and feed[-1] in stop:
+        feed.pop()
+    return feed[: max(max_new_tokens - 1, 0)]
+
+
+def _verify_draft(model: nn.Module, cache: SuffixCache, feed: list[int], first: torch.Tensor, T: int,
+                  Q: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward of the draft tokens ``feed`` (k of them) after the question for every cell of the batch.
+
+    ``first [B]``: each cell's first generated token. The logits after draft token j are the cell's greedy
+    choice for generated token j + 1 as long as the cell generated draft tokens 0 … j itself; so a cell that
+    agrees with the first ``a`` draft tokens has its tokens 0 … a decided (the last one its first disagreement,
+    or the token after the whole draft). Returns ``pending [B, k + 1]`` (those tokens, -1 after them),
+    ``agree [B]`` (a: the decided tokens already fed, their K/V in the cache) and ``suffix_keep [B, capacity]``
+    (False on the slots of draft tokens the cell did not generate, which later steps must not see).
+    """
+    B, k, device = first.shape[0], len(feed), first.device
+    d = torch.tensor(feed, device=device)
+    pos = torch.arange(T + Q, T + Q + k, device=device)
+    res = model(input_ids=d.view(1, k).expand(B, -1), past_key_values=cache,
+                position_ids=pos.unsqueeze(0).expand(B, -1), cache_position=pos, use_cache=True, logits_to_keep=k)
+    seq = torch.cat([first.view(B, 1), res.logits.argmax(-1)], dim=1)  # [B, k + 1]
+    agree = (seq[:, :k] == d).long().cumprod(1).sum(1)  # [B]
+    pending = seq.masked_fill(torch.arange(k + 1, device=device)[None] > agree[:, None], -1)
+    slots = torch.arange(cache.capacity, device=device)[None]
+    rejected = (slots >= Q + agree[:, None]) & (slots < Q + k)
+    return pending, agree, ~rejected
+
+
+def _emit(results: list[CellOutput], rows: torch.Tensor, pending: torch.Tensor, stop: set[int],
+          max_new_tokens: int) -> torch.Tensor:
+    """Append each active row's pending tokens (``[b, n]``, -1 padded) to its cell, up to a stop token or
+    ``max_new_tokens``; returns which rows are finished (``[b]`` bool)."""
+    done = []
+    for j, r in enumerate(rows.tolist()):
+        out, finished = results[r].tokens, False
+        for t in pending[j].tolist():
+            if t < 0:
+                break
+            out.append(t)
+            if t in stop or len(out) >= max_new_tokens:
+                finished = True
+                break
+        done.append(finished)
+    return torch.tensor(done, dtype=torch.bool, device=pending.device)
+
+
 def _stack_layers(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
     """Per-layer captures ``[b, H, K]`` stacked to ``[b, L, H, K]``; every layer must have reported."""
     missing = [i for i, t in enumerate(per_layer) if t is None]
@@ -204,7 +262,7 @@ def _stack_layers(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
 def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_ids: Sequence[int],
                  masks: Sequence[KeepMask], *, gold_ids: Sequence[int] | None = None,
                  track: Mapping[str, Sequence[int]] | None = None, lens_ids: Sequence[int] | None = None,
-                 lens_seqs: Sequence[Sequence[int]] | None = None,
+                 lens_seqs: Sequence[Sequence[int]] | None = None, draft: Sequence[int] | None = None,
                  settings: DecodeSettings = DecodeSettings()) -> list[CellOutput]:
     """Decode every mask in ``masks`` (batched by ``settings.batch_size``); results in the same order.
 
@@ -214,16 +272,32 @@ def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_
     ``lens_seqs``: token sequences (non-empty) whose whole-sequence lens log-likelihood after the
     prompt is recorded per layer (``CellOutput.lens_seq_logprob``; one extra forward of the
     sequences' tokens, every sequence for every cell).
+    ``draft``: a likely answer (the full cache's greedy tokens), verified for all cells of a batch in one
+    forward (:func:`_verify_draft`); each cell then decodes step by step only from its first disagreement.
+    The tokens are those of plain greedy decoding; ignored when ``settings.draft`` is False or with
+    ``keep_generated_rows``.
     """
     if len(question_ids) == 0:
         raise EngineError("the question part of the prompt is empty; the engine needs at least one suffix token")
     seqs = [list(s) for s in (lens_seqs or [])]
     if any(not s for s in seqs):
         raise EngineError("lens_seqs must be non-empty token sequences")
+    device = pre.keys[0].device
+    available = available_memory(device)
+    settings = replace(settings, attention_memory=settings.attention_memory or int(available * ATTENTION_SHARE))
+    assert settings.attention_memory is not None
+    plan = plan_batch(MemoryShape.of(model), T=pre.num_tokens, q=len(question_ids) + len(gold_ids or []),
+                      new=settings.max_new_tokens, cells=len(masks), available=available,
+                      attention=settings.attention_memory, capture=settings.capture, tracks=len(track or {}),
+                      requested=settings.batch_size)
+    if settings.batch_size is not None and settings.batch_size > plan.fits:
+        log.warning("batch_size %d is more cells than the free memory is planned to take (%d)", settings.batch_size,
+                    plan.fits)
     out: list[CellOutput] = []
-    for i in range(0, len(masks), settings.batch_size):
-        out.extend(_decode_batch(model, tokenizer, pre, list(question_ids), masks[i : i + settings.batch_size],
-                                 list(gold_ids or []), track or {}, settings, list(lens_ids or []), seqs))
+    for i in range(0, len(masks), plan.batch):
+        out.extend(_decode_batch(model, tokenizer, pre, list(question_ids), masks[i : i + plan.batch],
+                                 list(gold_ids or []), track or {}, settings, list(lens_ids or []), seqs,
+                                 list(draft or []) if settings.draft else None))
     return out
 
 
@@ -232,7 +306,7 @@ def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_
 def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],  # noqa: C901
                   masks: Sequence[KeepMask], gold: list[int], track: Mapping[str, Sequence[int]],
                   settings: DecodeSettings, lens_ids: list[int] | None = None,
-                  lens_seqs: list[list[int]] | None = None) -> list[CellOutput]:
+                  lens_seqs: list[list[int]] | None = None, draft: list[int] | None = None) -> list[CellOutput]:
     device = pre.keys[0].device
     B, T, Q, G = len(masks), pre.num_tokens, len(question), len(gold)
     L = len(pre.keys)
@@ -241,32 +315,40 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
         if m.shape != (L, Hkv, T):
             raise EngineError(f"KeepMask shape {m.shape} does not match the prefill ({L}, {Hkv}, {T})")
     keep = torch.stack([m.mask.to(device) for m in masks])  # [B, L, Hkv, T]
-    cache = SuffixCache(L, B, Hkv, D, Q + max(G, settings.max_new_tokens) + 1, T, pre.keys[0].dtype, device)
     lens_seqs = lens_seqs or []
     stop = stop_ids(model, tokenizer)
+    feed = [] if settings.keep_generated_rows else draft_feed(draft or [], stop, settings.max_new_tokens)
+    cache = SuffixCache(L, B, Hkv, D, Q + max(G, len(feed) + settings.max_new_tokens) + 1, T, pre.keys[0].dtype,
+                        device)
     track_idx = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in track.items()}
 
     results = [CellOutput(tokens=[], text="") for _ in range(B)]
     rows = torch.arange(B, device=device)  # active batch row -> cell index
-    state = {"step": -1}
+    # "forward": -1 in the question forward, else the number of decode forwards so far; "fed": per active row, the
+    # generated tokens already fed back (the generated-token index of a forward's first query)
+    state: dict[str, Any] = {"forward": -1, "fed": torch.zeros(B, dtype=torch.long, device=device)}
     capture = settings.capture
-    last_rows: list[torch.Tensor | None] = [None] * L
     config: Any = model.config
     H: int = getattr(config, "text_config", config).num_attention_heads
+    # the last prompt token's attention rows, written layer by layer into one buffer (no second copy to stack)
+    last = torch.empty(B, L, H, T + Q, device=device) if capture else None
+    seen: set[int] = set()
     gen_mass = {k: torch.zeros(B, settings.max_new_tokens, L, H, device=device) for k in track_idx}
     gen_rows: list[list[torch.Tensor | None]] = []
 
-    def on_probs(layer: int, row: torch.Tensor) -> None:  # row [b, H, T + s] float32, one query per cell
-        step = state["step"]
-        if step < 0:  # the question forward: the row of the last prompt token (query index Q - 1)
-            last_rows[layer] = row[..., : T + Q]
+    def on_probs(layer: int, row: torch.Tensor, query: int) -> None:  # row [b, H, T + s] float32, one query per cell
+        if state["forward"] < 0:  # the question forward: the row of the last prompt token (query index Q - 1)
+            assert last is not None
+            last[:, layer] = row[..., : T + Q]
+            seen.add(layer)
             return
+        steps = state["fed"] + query  # per active row: the generated token this query is
         for name, idx in track_idx.items():
-            gen_mass[name][rows, step, layer] = row.index_select(-1, idx).sum(-1)  # [b, H]
+            gen_mass[name][rows, steps, layer] = row.index_select(-1, idx).sum(-1)  # [b, H]
         if settings.keep_generated_rows:
-            gen_rows[step][layer] = row.half()
+            gen_rows[state["forward"]][layer] = row.half()
 
-    budget = settings.attention_memory or attention_budget(device)
+    budget = settings.attention_memory or attention_budget(device)  # (decode_cells sets it)
 
     def chunk(cells: int, queries: int, keys: int) -> int | None:  # the context chunk of one forward (None: at once)
         return context_chunk(cells, H, queries, keys, budget)
@@ -288,7 +370,9 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
                 results[b].gold_logprob = float(gold_lp[b])
         if capture:
             hs = torch.stack([h[:, Q - 1] for h in res.hidden_states], dim=1)  # [B, L + 1, hidden]
-            last = _stack_layers(last_rows)  # [B, L, H, T + Q]
+            if missing := sorted(set(range(L)) - seen):
+                raise EngineError(f"the masked attention reported no probabilities for layers {missing}")
+            assert last is not None
             for b in range(B):
                 results[b].last_attention, results[b].hidden = last[b], hs[b].float()
         if lens_ids or lens_seqs:  # one lens pass at the last prompt token: lens_ids, then each sequence's first token
@@ -308,31 +392,44 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             for b in range(B):
                 results[b].logits = logits[b].float().clone()
         cache.truncate(Q)
+        if not (track_idx or settings.keep_generated_rows):
+            ctx.on_probs = None  # nothing is read from the decode steps' attention rows
+        nxt = logits[:, 0].argmax(-1)  # [B]: each cell's first generated token
+        # 2) the draft (the full cache's answer) verified in one forward: each cell's tokens up to and including
+        # its first disagreement with the draft; the rejected draft slots are masked out of the cell's suffix
+        pending = nxt.view(B, 1)  # per row, the tokens to emit now (the last of them is not fed yet)
+        fed = state["fed"]
+        if feed:
+            state["forward"] = 0
+            ctx.capture_query = None  # every query: the generated-token masses of each fed draft token
+            ctx.context_chunk = chunk(B, len(feed), T + Q + len(feed))
+            pending, fed, ctx.suffix_keep = _verify_draft(model, cache, feed, nxt, T, Q)
+        # 3) greedy decoding, one token per forward; finished cells leave the batch
         ctx.capture_query = 0  # decode steps have one query per cell
-        ctx.context_chunk = chunk(B, 1, T + Q + settings.max_new_tokens)
-        nxt = logits[:, 0].argmax(-1)  # [B]
-        # 2) greedy decoding, finished cells leave the batch
-        for step in range(settings.max_new_tokens):
-            for r, t in zip(rows.tolist(), nxt.tolist(), strict=True):
-                results[r].tokens.append(t)
-            done = torch.tensor([t in stop for t in nxt.tolist()], device=device)
-            if step == settings.max_new_tokens - 1 or bool(done.all()):
+        ctx.context_chunk = chunk(B, 1, T + Q + len(feed) + settings.max_new_tokens)
+        while True:
+            done = _emit(results, rows, pending, stop, settings.max_new_tokens)  # [b] bool
+            if bool(done.all()):
                 break
+            nxt = pending[torch.arange(len(rows), device=device), (pending >= 0).sum(1) - 1]  # each row's last token
             if bool(done.any()):
                 alive = (~done).nonzero().flatten()
-                rows, nxt = rows[alive], nxt[alive]
+                rows, nxt, fed = rows[alive], nxt[alive], fed[alive]
                 cache.keep_rows(alive)
                 ctx.keep = ctx.keep.index_select(0, alive)
-            state["step"] = step
+                if ctx.suffix_keep is not None:
+                    ctx.suffix_keep = ctx.suffix_keep.index_select(0, alive)
+            state["forward"] += 1
+            state["fed"] = fed
             if settings.keep_generated_rows:
                 gen_rows.append([None] * L)
-            p = torch.full((1,), T + Q + step, device=device)
-            res = model(input_ids=nxt.view(-1, 1), past_key_values=cache,
-                        position_ids=p.view(1, 1).expand(len(rows), 1),
-                        cache_position=p, use_cache=True, logits_to_keep=1)
-            nxt = res.logits[:, -1].argmax(-1)
+            slot = torch.full((1,), T + cache.lens[0], device=device)  # where the new K/V go (= position, no draft)
+            res = model(input_ids=nxt.view(-1, 1), past_key_values=cache, position_ids=(T + Q + fed).view(-1, 1),
+                        cache_position=slot, use_cache=True, logits_to_keep=1)
+            fed = fed + 1
+            pending = res.logits[:, -1].argmax(-1).view(-1, 1)
             if settings.keep_generated_rows:
-                stacked = _stack_layers(gen_rows[step])  # [b, L, H, T + Q + step + 1]
+                stacked = _stack_layers(gen_rows[state["forward"]])  # [b, L, H, T + Q + step + 1]
                 for j, r in enumerate(rows.tolist()):
                     if results[r].generated_rows is None:
                         results[r].generated_rows = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvroute.engine.cell import NO_PRESS, Cell
@@ -73,6 +73,18 @@ class Engine:
             check_ratio(c.ratio)
             if c.press != NO_PRESS:
                 self.press(c.press)
+
+    def check_memory(self, T: int, q: int, cells: int, *, tracks: int = 0, attention_map: bool = False,
+                     score_sets: int = 1) -> None:
+        """Refuse (InsufficientMemoryError, with the size needed) an instance of ``T`` context tokens, ``q``
+        question and teacher-forced tokens and ``cells`` cells that the free memory would not hold beside the
+        model even one cell at a time (kvroute.engine.plan)."""
+        from kvroute.engine.plan import MemoryShape, check_instance
+        from kvroute.engine.streaming import available_memory
+
+        check_instance(MemoryShape.of(self.lm.model), available=available_memory(self.lm.device), T=T, q=q,
+                       new=self.settings.max_new_tokens, cells=cells, capture=self.settings.capture, tracks=tracks,
+                       attention_map=attention_map, score_sets=max(score_sets, 1))
 
     def _requests(self, cells: Sequence[Cell], skip: Mapping[int, str] | None = None,
                   ) -> tuple[list[ScoreRequest], dict[int, ScoreKey], dict[int, dict[str, ScoreKey]]]:
@@ -151,6 +163,8 @@ class Engine:
                     raise
                 failed[r.key] = error_reason(e)
         requests = [r for r in requests if r.key not in failed]
+        self.check_memory(T, len(q_ids) + len(gold_ids or []), len(cells) + 1, tracks=len(track or {}),
+                          attention_map=any(r.scorer.needs_attentions for r in requests), score_sets=len(requests))
         ev = [p for p in (evidence or []) if 0 <= p < T]
         t0 = time.perf_counter()
         pre = prefill(self.lm.model, ctx_ids, requests, evidence=ev if ev else None, seed=seed, captures=captures,
@@ -183,7 +197,8 @@ class Engine:
         lead = [full] if with_full else []
         kw: dict[str, Any] = dict(gold_ids=gold_ids, track=track, lens_ids=lens_ids, lens_seqs=lens_seqs)
         try:
-            outs = self._decode(pre, q_ids, lead + [m for i in todo if (m := masks[i]) is not None], **kw)
+            outs = self._decode_with_full(pre, q_ids, lead, [m for i in todo if (m := masks[i]) is not None], full,
+                                          **kw)
         except CELL_ERRORS:
             if not cell_errors:
                 raise
@@ -199,20 +214,36 @@ class Engine:
         return EngineResult(pre, cells, masks, outputs, full_out, full,
                             {"prefill": t1 - t0, "select": t2 - t1, "decode": t3 - t2}, errors=errors)
 
-    def _decode(self, pre: PrefillResult, q_ids: list[int], masks: list[KeepMask], **kw: Any) -> list[CellOutput]:
-        return decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, masks, settings=self.settings, **kw)
+    def _decode(self, pre: PrefillResult, q_ids: list[int], masks: list[KeepMask], *, lean: bool = False,
+                **kw: Any) -> list[CellOutput]:
+        """``decode_cells`` with this engine's settings; ``lean``: tokens only (no captures)."""
+        settings = replace(self.settings, capture=False, keep_logits=False) if lean else self.settings
+        return decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, masks, settings=settings, **kw)
+
+    def _decode_with_full(self, pre: PrefillResult, q_ids: list[int], lead: list[KeepMask], masks: list[KeepMask],
+                          full: KeepMask, **kw: Any) -> list[CellOutput]:
+        """The outputs of ``lead`` (the full cache, when asked) and the cells' ``masks``, in that order.
+
+        With draft verification on (``DecodeSettings.draft``), the full cache is decoded first and its answer is
+        the cells' draft (:func:`kvroute.engine.decode.decode_cells`); without a full-cache reference asked for,
+        it is decoded for its tokens only (no captures) and not returned."""
+        if not (masks and self.settings.draft and not self.settings.keep_generated_rows):
+            return self._decode(pre, q_ids, lead + masks, **kw)
+        first = self._decode(pre, q_ids, lead, **kw) if lead else self._decode(pre, q_ids, [full], lean=True)
+        return (first if lead else []) + self._decode(pre, q_ids, masks, draft=first[0].tokens, **kw)
 
     def _decode_isolated(self, pre: PrefillResult, q_ids: list[int], lead: list[KeepMask],
                          masks: Sequence[KeepMask | None], todo: Sequence[int], errors: dict[int, str],
                          **kw: Any) -> list[CellOutput]:
         """After a batch failed: the full cache alone (its failure is the prompt's), then each cell alone."""
         outs = self._decode(pre, q_ids, lead, **kw) if lead else []
+        draft = outs[0].tokens if outs else None
         for i in todo:
             m = masks[i]
             try:
                 if m is None:  # pragma: no cover - internal invariant
                     raise EngineError("internal error: a cell to decode has no mask")
-                outs.extend(self._decode(pre, q_ids, [m], **kw))
+                outs.extend(self._decode(pre, q_ids, [m], draft=draft, **kw))
             except CELL_ERRORS as e:
                 errors[i] = error_reason(e)
         return outs

@@ -26,6 +26,8 @@ import torch
 ONE_SHOT_COPIES = 3
 #: the smallest chunk worth its loop
 MIN_CHUNK = 64
+#: the share of the free memory the masked attention's transient tensors may take by default
+ATTENTION_SHARE = 0.25
 
 
 def suffix_causal(q: int, G: int, s: int, device: torch.device) -> torch.Tensor:
@@ -35,25 +37,29 @@ def suffix_causal(q: int, G: int, s: int, device: torch.device) -> torch.Tensor:
     return torch.arange(s, device=device)[None, :] > qpos[:, None]
 
 
-def _suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float) -> torch.Tensor:
-    """Causal scores of the cells' own suffix tokens, ``[Hkv, B, G·q, s]`` float32 (rows in (g, i) order)."""
+def _suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float,
+                   own: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal scores of the cells' own suffix tokens, ``[Hkv, B, G·q, s]`` float32 (rows in (g, i) order);
+    ``own`` bool ``[B, s]``: the suffix slots each cell may see (None: all)."""
     s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1).float() * scale  # [Hkv, B, G·q, s]
-    return s_suf.masked_fill(suffix_causal(q, qg.shape[2] // q, key.shape[2], qg.device), float("-inf"))
+    s_suf = s_suf.masked_fill(suffix_causal(q, qg.shape[2] // q, key.shape[2], qg.device), float("-inf"))
+    return s_suf if own is None else s_suf.masked_fill(~own[None, :, None, :], float("-inf"))
 
 
 def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, keep: torch.Tensor,
                               key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
-                              chunk: int) -> torch.Tensor:
+                              chunk: int, own: torch.Tensor | None = None) -> torch.Tensor:
     """The masked attention output ``[Hkv, B, G·q, D]`` (in the query's dtype), ``chunk`` context keys at a time.
 
     ``qg`` ``[B, Hkv, G·q, D]``: each KV head's query rows, (g, i) order; ``k_ctx``/``v_ctx`` ``[Hkv, T, D]``:
     the shared context; ``keep`` bool ``[Hkv, B, 1, T]``; ``key``/``value`` ``[B, Hkv, s, D]``: the cells' own
-    suffix, whose last ``q`` positions are the queries'. Every row sees at least its own suffix position, so
+    suffix, whose last ``q`` positions are the queries'; ``own`` bool ``[B, s]``: the suffix slots each cell may
+    see (None: all). Every row sees at least its own suffix position, so
     the running maximum starts finite from the suffix part, and a cell that keeps no context entry is fine.
     """
     B, Hkv, R, D = qg.shape
     T = k_ctx.shape[1]
-    s_suf = _suffix_scores(qg, key, q, scale)  # [Hkv, B, R, s]
+    s_suf = _suffix_scores(qg, key, q, scale, own)  # [Hkv, B, R, s]
     m = s_suf.amax(-1, keepdim=True)  # [Hkv, B, R, 1] running maximum
     e = torch.exp(s_suf - m)
     total = e.sum(-1, keepdim=True)  # running sum of exp
@@ -73,7 +79,7 @@ def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torc
 
 
 def probability_rows(qg: torch.Tensor, k_ctx: torch.Tensor, keep: torch.Tensor, key: torch.Tensor, *, q: int,
-                     index: int, scale: float) -> torch.Tensor:
+                     index: int, scale: float, own: torch.Tensor | None = None) -> torch.Tensor:
     """The float32 attention probabilities of query ``index`` (of the ``q``) of every cell and query head,
     ``[B, H, T + s]`` (query head = kv·G + g): the rows the metrics capture, without the other queries'."""
     B, Hkv, R, D = qg.shape
@@ -84,6 +90,8 @@ def probability_rows(qg: torch.Tensor, k_ctx: torch.Tensor, keep: torch.Tensor, 
     s = key.shape[2]
     ss = torch.matmul(qi, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G, s]
     ss = ss.masked_fill(torch.arange(s, device=qg.device) > s - q + index, float("-inf"))
+    if own is not None:
+        ss = ss.masked_fill(~own[None, :, None, :], float("-inf"))
     probs = torch.softmax(torch.cat([sc, ss], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G, T + s]
     return probs.transpose(0, 1).reshape(B, Hkv * G, T + s)
 
@@ -103,16 +111,24 @@ def context_chunk(cells: int, heads: int, queries: int, keys: int, budget: int) 
 
 
 def available_memory(device: torch.device) -> int:
-    """Free memory where the attention runs: the device's free memory on CUDA, available RAM on the CPU."""
+    """Free memory where the attention runs: on CUDA the device's free memory plus what PyTorch's allocator holds
+    unused; on the CPU the RAM the kernel says is available (free plus reclaimable caches: ``MemAvailable``)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):  # not a POSIX system: assume 8 GiB
         return 8 << 30
 
 
-def attention_budget(device: torch.device, share: float = 0.25) -> int:
+def attention_budget(device: torch.device, share: float = ATTENTION_SHARE) -> int:
     """The default budget for the masked attention's transient tensors: ``share`` of the free memory."""
     return int(available_memory(device) * share)

@@ -32,7 +32,7 @@ TOP_KEYS = ("name", "models", "tasks", "presses", "ratios", "regimes", "seeds", 
 MODEL_KEYS = ("name", "device", "dtype")
 FILE_TASK_KEYS = ("file", "limit")
 SPEC_TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskSpec))
-DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix", "attention_memory")
+DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix", "attention_memory", "draft")
 METRIC_SETTING_KEYS = tuple(f.name for f in dataclasses.fields(MetricSettings))
 RAY_KEYS = ("address", "instances_per_shard", "cpus_per_worker")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
@@ -116,15 +116,15 @@ class SweepConfig:
             "seeds": list(self.seeds), "metrics": list(s.metrics),
             "decoding": {"max_new_tokens": s.max_new_tokens, "batch_size": s.batch_size,
                          "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
-                         "attention_memory": s.attention_memory},
+                         "attention_memory": s.attention_memory, "draft": s.draft},
             "metric_settings": dataclasses.asdict(s.metric), "ray": dataclasses.asdict(self.ray),
             "settings_hash": self.settings_hash,
         }
 
 
 def settings_hash(s: RunSettings) -> str:
-    """Hash of every setting that changes a record's values (batch size and the attention's memory budget do not;
-    kvroute's minor version does)."""
+    """Hash of every setting that changes a record's values (batch size, the attention's memory budget and draft
+    verification do not; kvroute's minor version does)."""
     payload = {"max_new_tokens": s.max_new_tokens, "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
                "metrics": sorted(s.metrics), "metric": dataclasses.asdict(s.metric),
                "kvroute": ".".join(__version__.split(".")[:2])}
@@ -327,9 +327,13 @@ def _table(v: Any, key: str, allowed: tuple[str, ...], w: _Where) -> dict[str, A
 def _decoding(v: Any, w: _Where) -> dict[str, Any]:
     d = _table(v, "decoding", DECODING_KEYS, w)
     out: dict[str, Any] = {}
-    for k in ("max_new_tokens", "batch_size"):
-        if k in d:
-            out[k] = _int(d[k], f"decoding.{k}", w, lo=1)
+    if "max_new_tokens" in d:
+        out["max_new_tokens"] = _int(d["max_new_tokens"], "decoding.max_new_tokens", w, lo=1)
+    if "batch_size" in d:  # "auto": as many cells as the free memory takes (kvroute.engine.plan)
+        b = d["batch_size"]
+        if b != "auto" and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise w.error("decoding.batch_size", 'must be an integer >= 1 or "auto"', b)
+        out["batch_size"] = None if b == "auto" else b
     if "system_prompt" in d:
         if d["system_prompt"] is not None and not isinstance(d["system_prompt"], str):
             raise w.error("decoding.system_prompt", "must be a string (or left out for the model's default)",
@@ -341,6 +345,10 @@ def _decoding(v: Any, w: _Where) -> dict[str, Any]:
         out["answer_prefix"] = d["answer_prefix"]
     if "attention_memory" in d:
         out["attention_memory"] = _bytes(d["attention_memory"], "decoding.attention_memory", w)
+    if "draft" in d:
+        if not isinstance(d["draft"], bool):
+            raise w.error("decoding.draft", "must be true or false", d["draft"])
+        out["draft"] = d["draft"]
     return out
 
 

@@ -97,7 +97,7 @@ def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     b = _flat({k: new.get(k) for k in SETTINGS_KEYS})
     out = []
     for k in sorted(set(a) | set(b)):
-        if k in ("decoding.batch_size", "decoding.attention_memory"):  # neither changes a record's values
+        if k in ("decoding.batch_size", "decoding.attention_memory", "decoding.draft"):  # none changes a record
             continue
         va, vb = a.get(k), b.get(k)
         if isinstance(va, list) and isinstance(vb, list) and k == "metrics":

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvroute.engine import Engine
-from kvroute.errors import KvrouteError, SweepError
+from kvroute.errors import InsufficientMemoryError, KvrouteError, SweepError
 from kvroute.records import KEY_FIELDS
-from kvroute.runner import run_instance
+from kvroute.runner import check_memory, run_instance
 from kvroute.settings import RunSettings
 from kvroute.sweep.config import ModelSpec, SweepConfig
 from kvroute.sweep.grid import WorkUnit
@@ -62,7 +62,14 @@ def finish_records(unit: WorkUnit, records: list[dict[str, Any]], settings_hash:
 
 def run_units(engine: Engine, units: Sequence[WorkUnit], settings: RunSettings,
               settings_hash: str) -> Iterator[list[dict[str, Any]]]:
-    """One ``run_instance`` per unit (one prefill, all its cells); yields each unit's finished records."""
+    """One ``run_instance`` per unit (one prefill, all its cells); yields each unit's finished records.
+
+    First, before any unit runs, the largest unit is checked against the free memory (``check_memory``): a grid
+    that would not fit stops here with the size it needs, not after hours of smaller instances."""
+    try:
+        check_memory(engine, [(u.instance, u.regime, len(u.cells)) for u in units], settings)
+    except InsufficientMemoryError as e:
+        raise SweepError(f"model {units[0].model}: {e}") from e
     for u in units:
         try:
             recs = run_instance(engine, u.instance, list(u.cells), regime=u.regime, seed=u.seed, settings=settings,
