@@ -35,6 +35,9 @@ def grid_args(description: str, *, repeats: int = 3) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=repeats)
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--largest-only", action="store_true", help="only the 27-cell grid (long contexts: the kvpress "
+                    "loop's time grows with every cell)")
+    ap.add_argument("--no-study", action="store_true", help="skip the full-study timing (every metric on)")
     return ap.parse_args()
 
 
@@ -69,7 +72,7 @@ def main() -> int:
     rows = []
     agree = total = 0
     work: list = []  # the largest grid's (T, Q, cells) per instance, for the FLOP ceiling
-    for n_press, ratios in GRIDS:
+    for n_press, ratios in GRIDS[-1:] if args.largest_only else GRIDS:
         cells = [Cell(p, r) for p in PRESSES[:n_press] for r in ratios]
         ta, tb = [], []
         for rep in range(args.repeats):
@@ -93,11 +96,11 @@ def main() -> int:
               f"speedup {statistics.median(tb) / statistics.median(ta):.1f}x", flush=True)
 
     # the full study path (metrics on) for the largest grid, for the record
+    tm: list[float] = []
     settings = RunSettings(max_new_tokens=args.max_new_tokens)
     full_engine = Engine(lm, settings.decode_settings())
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
-    tm = []
-    for _ in range(args.repeats):
+    for _ in range(0 if args.no_study else args.repeats):
         t0 = time.perf_counter()
         for t in tasks:
             run_instance(full_engine, t, cells, settings=settings)
@@ -106,11 +109,14 @@ def main() -> int:
     n_big, ta_big, tb_big = rows[-1]
     speedup = statistics.median(tb_big) / statistics.median(ta_big)
     bound = ceiling(Shape.of(lm.model), work)
+    default = args.model == "smollm2-135m" and args.tokens == 512
     lines = [
-        "# Grid speed: kvroute engine vs the kvpress pipeline",
+        "# Grid speed: kvroute engine vs the kvpress pipeline" + ("" if default else f" ({args.model}, {args.tokens} "
+                                                                 "context tokens)"),
         "",
         f"Command: `python benchmarks/grid_speed.py --model {args.model} --instances {args.instances} "
-        f"--tokens {args.tokens} --repeats {args.repeats} --max-new-tokens {args.max_new_tokens}`",
+        f"--tokens {args.tokens} --repeats {args.repeats} --max-new-tokens {args.max_new_tokens}"
+        + (" --largest-only" if args.largest_only else "") + (" --no-study" if args.no_study else "") + "`",
         f"Environment: {environment()}",
         f"Model {lm.name} (float32, sdpa), {args.instances} `base` instances of ~{args.tokens} context tokens "
         f"(measured: {', '.join(str(p.n_context) for p in prompts)}), greedy, max_new_tokens={args.max_new_tokens}; "
@@ -121,8 +127,8 @@ def main() -> int:
         *[f"| {n} | {median_spread(a)} | {median_spread(b)} | {statistics.median(b) / statistics.median(a):.1f}× |"
           for n, a, b in rows],
         "",
-        f"With every routing metric and capture on (`run_instance`, {n_big} cells): {median_spread(tm)} s "
-        f"for the same {args.instances} instances.",
+        (f"With every routing metric and capture on (`run_instance`, {n_big} cells): {median_spread(tm)} s "
+         f"for the same {args.instances} instances." if tm else "The full-study timing was skipped (--no-study)."),
         f"Answers agree on {agree}/{total} (instance, cell) pairs.",
         "",
         "Goal: at least 10× at 27 cells. " + (f"Met ({speedup:.1f}×)." if speedup >= 10 else
@@ -139,7 +145,7 @@ def main() -> int:
         f"speedup: {speedup:.1f}",
         f"ratio to ceiling: {speedup / bound:.2f}",
     ]
-    write("grid_speed", lines)
+    write("grid_speed" if default else f"grid_speed_{args.model}_{args.tokens}", lines)
     print("\n".join(lines))
     return 0
 

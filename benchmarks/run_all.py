@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
-ORDER = ["load_speed", "equivalence", "grid_speed", "profile_grid", "metrics_overhead", "cell_batching",
+ORDER = ["load_speed", "equivalence", "grid_speed", "draft_speed", "profile_grid", "metrics_overhead", "cell_batching",
          "context_scaling", "attention_memory",
          "profile_capture",
          "bookkeeping", "planted_truth", "mask_controls", "startup"]
+#: collected into RESULTS.md but never run by `make bench`: they need a CUDA device (see each script's doc)
+DEVICE_ONLY = ["gpu_check"]
 
 
 def main() -> int:
@@ -43,7 +45,7 @@ def main() -> int:
     parts = ["# kvroute benchmarks", "",
              "Rewritten by `make bench` (each section also by its own script). Times are medians of repeated, "
              "side-by-side runs on a shared 2-core machine: compare ratios, not absolute seconds.", ""]
-    for name in ORDER:
+    for name in ORDER + DEVICE_ONLY:
         for f in [HERE / "results" / f"{name}.md", *sorted((HERE / "results").glob(f"{name}_*.md"))]:
             if f.exists():
                 parts += ["#" + f.read_text().strip(), ""]
