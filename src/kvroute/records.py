@@ -15,6 +15,8 @@ KEY_FIELDS: dict[str, str] = {
     "instance_id": "task instance content hash",
     "press": "press spec as written, e.g. 'expected_attention+adakv' ('none' at ratio 0 baseline)",
     "ratio": "compression ratio α: fraction of context KV entries removed per (layer, KV head)",
+    "restore": "restore condition put back into the press's mask (kvroute.presses.restore), e.g. 'answer' or "
+               "'answer@layers:late'; null for the press's own mask",
     "regime": "'agnostic' (question appended after compression) or 'aware' (question compressed too)",
     "seed": "sweep seed (task generation and random scorers)",
     "settings": "hash of the decoding/metric settings that change results",

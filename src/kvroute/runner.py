@@ -107,7 +107,8 @@ def press_fields(press: str) -> dict[str, Any]:
 def error_record(cell: Cell, reason: str, *, model_name: str, regime: str, seed: int, base: dict[str, Any],
                  seconds: dict[str, float] | None = None) -> dict[str, Any]:
     """The record of a cell that could not be computed: identity, task tags, ``status="error"`` and why."""
-    return {"model": model_name, "press": cell.press, "ratio": cell.ratio, "regime": regime, "seed": seed, **base,
+    return {"model": model_name, "press": cell.press, "ratio": cell.ratio, "restore": cell.restore or None,
+            "regime": regime, "seed": seed, **base,
             **press_fields(cell.press), "status": "error", "error": reason,
             "seconds_prefill": (seconds or {}).get("prefill"), "seconds_decode": (seconds or {}).get("decode")}
 
@@ -160,6 +161,7 @@ def _run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell],
     cands = answer_candidates(lm.tokenizer, prompt, instance, gold) if "lens" in needs else None
     result = engine.run(prompt, cells, gold_ids=gold if "gold" in needs else None,
                         evidence=ev, track=track, seed=seed, captures=[rollout] if rollout else [],
+                        answer=[p for p in prompt.answer_positions if p < prompt.n_context],
                         lens_ids=list(cands.ids) if cands else None,
                         lens_seqs=[list(s) for s in cands.seqs] if cands else None, cell_errors=True,
                         question_window=prompt.question_window)
@@ -180,8 +182,9 @@ def records_from_result(instance: TaskInstance, prompt: Prompt, result: EngineRe
         if reason is None and (mask is None or out is None):  # pragma: no cover - engine invariant
             reason = "EngineError: internal error: the engine returned no output for this cell"
         if reason is None:
-            rec: dict[str, Any] = {"model": model_name, "press": cell.press, "ratio": cell.ratio, "regime": regime,
-                                   "seed": seed, **base, **press_fields(cell.press), "status": "ok"}
+            rec: dict[str, Any] = {"model": model_name, "press": cell.press, "ratio": cell.ratio,
+                                   "restore": cell.restore or None, "regime": regime, "seed": seed, **base,
+                                   **press_fields(cell.press), "status": "ok"}
             ctx = CellContext(instance, prompt, mask, out, result.full, group_size, settings.metric,
                               evidence_share=evidence_share, null_share=null_share, candidates=candidates)
             try:

@@ -366,3 +366,36 @@ def test_an_instance_too_big_for_the_memory_is_refused_before_its_prefill(setup,
     finally:
         hook.remove()
     assert calls == []  # refused before any forward
+
+
+def test_restored_cells_decode_their_restored_masks_and_bad_conditions_are_cell_errors(setup):
+    """A restore condition puts its entries back into the press's mask (decoded like any cell); a condition the
+    model or the instance cannot take is that cell's error, not the run's; restoring into the full cache changes
+    nothing."""
+    lm, prompt = setup
+    T, L = len(prompt.context_ids), lm.info.num_layers
+    answer = [5, 6, 7]
+    cells = [Cell("knorm", 0.9), Cell("knorm", 0.9, "answer"), Cell("knorm", 0.9, f"answer@layers:{L}-{L + 2}"),
+             Cell("knorm", 0.9, "answer@heads:7"), Cell("knorm", 0.0, "answer"),
+             Cell("knorm", 0.9, "answer@layers:late")]
+    eng = Engine(lm, DecodeSettings(max_new_tokens=6))
+    res = eng.run(prompt, cells, answer=answer, cell_errors=True)
+    base, restored = res.masks[0].mask, res.masks[1].mask
+    assert not base[:, :, answer].all() and restored[:, :, answer].all()
+    assert torch.equal(restored, base | _answer_rows(L, base.shape[1], T, answer, range(L)))
+    late = range(2 * L // 3, L)  # the last third of the layers
+    assert torch.equal(res.masks[5].mask, base | _answer_rows(L, base.shape[1], T, answer, late))
+    assert set(res.errors) == {2, 3}
+    assert f"has {L} layers" in res.errors[2] and "KV heads" in res.errors[3]
+    assert res.outputs[4].tokens == res.full.tokens  # restored into the uncompressed cache: the full answer
+    alone = Engine(lm, DecodeSettings(max_new_tokens=6)).run(prompt, [Cell("knorm", 0.9, "answer")], answer=answer)
+    assert alone.outputs[0].tokens == res.outputs[1].tokens
+    with pytest.raises(EngineError, match="no answer tokens"):
+        eng.run(prompt, [Cell("knorm", 0.5, "answer")])  # without answer positions, outside cell_errors: raises
+
+
+def _answer_rows(L, H, T, answer, layers):
+    rows = torch.zeros(L, H, T, dtype=torch.bool)
+    for layer in layers:
+        rows[layer, :, answer] = True
+    return rows

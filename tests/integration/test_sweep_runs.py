@@ -228,3 +228,33 @@ def test_a_grid_too_big_for_the_memory_stops_before_its_first_cell(folder, confi
                                          "was computed"):
         run_sweep(load_sweep_config(config_path), tmp_path / "run")
     assert list(read_records(tmp_path / "run")) == []
+
+
+def test_restored_cells_are_keyed_recorded_and_kept_out_of_the_other_analyses(folder, tmp_path):
+    """A sweep with restore conditions: each compressed cell also runs restored; the records carry the condition;
+    the cells without one keep the keys they have without restores; load_records leaves restored cells out unless
+    asked; the report shows the restoration table."""
+    from kvroute.analysis.load import load_records
+    from kvroute.analysis.restoration import restoration_table
+    from kvroute.report.build import build_run_report
+    from kvroute.sweep.driver import plan_sweep
+
+    text = CONFIG.format(model=folder / "tiny-qwen2", n=3).replace("ratios = [0, 0.5, 0.9]", "ratios = [0, 0.9]")
+    plain = tmp_path / "plain.toml"
+    plain.write_text(text)
+    restored = tmp_path / "restored.toml"
+    restored.write_text(text.replace("ratios = [0, 0.9]", 'ratios = [0, 0.9]\nrestore = ["answer", "random"]'))
+    keys = {k for u in plan_sweep(load_sweep_config(plain)).units for k in u.keys}
+    plan = plan_sweep(load_sweep_config(restored))
+    assert keys < {k for u in plan.units for k in u.keys}
+    assert len(plan.units[0].cells) == 1 + 2 * 3  # the baseline, then each press's cell and its two restorations
+    run_sweep(load_sweep_config(restored), tmp_path / "run")
+    recs = list(read_records(tmp_path / "run"))
+    assert {r["restore"] for r in recs} == {None, "answer", "random"} and len(recs) == 3 * 7
+    assert {r["key"] for r in recs if r["restore"] is None} == keys
+    assert load_records(tmp_path / "run")["restore"].isna().all()
+    assert len(load_records(tmp_path / "run", with_restored=True)) == len(recs)
+    table = restoration_table(load_records(tmp_path / "run", with_restored=True))
+    assert set(table["restore"]) <= {"answer", "random"}
+    html = build_run_report(tmp_path / "run").read_text()
+    assert "Causal restoration" in html

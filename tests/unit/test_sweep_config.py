@@ -202,3 +202,19 @@ def test_draft_is_a_boolean_outside_the_settings_hash(folder):
     assert cfg.settings_hash == load_sweep_config(write(folder, TOML)).settings_hash
     with pytest.raises(ConfigError, match="decoding.draft.*true or false"):
         load_sweep_config(write(folder, _with_decoding('draft = "yes"')))
+
+
+def _restore(line):
+    return TOML.replace("ratios = [0, 0.5, 0.9]", f"ratios = [0, 0.5, 0.9]\nrestore = {line}")
+
+
+def test_restore_conditions_are_checked_and_made_canonical(folder):
+    cfg = load_sweep_config(write(folder, _restore('["answer", " evidence@layers:late ", "random"]')))
+    assert cfg.restore == ("answer", "evidence@layers:late", "random")
+    assert cfg.to_dict()["restore"] == list(cfg.restore)
+    with pytest.raises(ConfigError, match=r"restore\[0\].*unknown target 'anser'"):
+        load_sweep_config(write(folder, _restore('["anser"]')))
+    with pytest.raises(ConfigError, match=r"restore.*appears twice"):
+        load_sweep_config(write(folder, _restore('["answer", "answer@layers:0-1", "answer"]')))
+    with pytest.raises(ConfigError, match=r"restore\[0\]"):
+        load_sweep_config(write(folder, _restore("[3]")))

@@ -125,15 +125,17 @@ def test_store_uses_wal_and_readers_see_committed_batches(tmp_path):
 def test_summary_per_model_press_ratio(tmp_path):
     rows = [rec("a", f1=1.0, hallucinated=False, ger=0.0), rec("b", f1=0.0, hallucinated=True, ger=0.5),
             rec("c", press="none", ratio=0.0, f1=1.0, hallucinated=False, ger=0.0),
-            rec("d", settings="other")]
+            rec("d", settings="other"), rec("e", f1=1.0, hallucinated=False, ger=0.0, restore="answer")]
     with Store.open(tmp_path) as s:
         s.write(rows)
         out = s.summary("s")
-    assert out == [
-        {"model": "m", "regime": "agnostic", "press": "none", "ratio": 0.0, "n": 1, "f1": 1.0,
+    assert out == [  # a restored cell is its own row, after its press's own cells
+        {"model": "m", "regime": "agnostic", "press": "none", "ratio": 0.0, "restore": None, "n": 1, "f1": 1.0,
          "hallucination_rate": 0.0, "ger": 0.0, "errors": 0},
-        {"model": "m", "regime": "agnostic", "press": "knorm", "ratio": 0.5, "n": 2, "f1": 0.5,
+        {"model": "m", "regime": "agnostic", "press": "knorm", "ratio": 0.5, "restore": None, "n": 2, "f1": 0.5,
          "hallucination_rate": 0.5, "ger": 0.25, "errors": 0},
+        {"model": "m", "regime": "agnostic", "press": "knorm", "ratio": 0.5, "restore": "answer", "n": 1, "f1": 1.0,
+         "hallucination_rate": 0.0, "ger": 0.0, "errors": 0},
     ]
 
 

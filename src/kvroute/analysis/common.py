@@ -145,3 +145,14 @@ def jsonable(obj: Any) -> Any:
     if obj is None or obj is pd.NA or obj is pd.NaT:
         return None
     return obj
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (``z`` = 1.96: 95%); NaN bounds when ``n`` is 0."""
+    if n == 0:
+        return (math.nan, math.nan)
+    p = successes / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    w = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, min(c - w, p)), min(1.0, max(c + w, p)))

@@ -84,14 +84,29 @@ def drop_errors(df: pd.DataFrame) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     return ok, out
 
 
-def load_records(path: str | Path) -> pd.DataFrame:
+def split_restored(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(main, restored)``: the presses' own cells (and the full cache), and the cells with a ``restore``
+    condition (interventions: kvroute.analysis.restoration reads them; every other analysis leaves them out)."""
+    if "restore" not in df.columns:
+        return df, df.iloc[0:0]
+    restored = df["restore"].notna() & df["restore"].astype(str).ne("")
+    return df[~restored], df[restored]
+
+
+def load_records(path: str | Path, *, with_restored: bool = False) -> pd.DataFrame:
     """Records from a run directory (``store.sqlite``) or a ``.parquet``/``.csv``/``.jsonl``/``.sqlite`` file.
 
     Vector columns come back as lists of floats, boolean columns as booleans. Cells that errored
     (``status == "error"``: no metrics) are left out; ``df.attrs["cell_errors"]`` lists them per
-    (model, press, error) with their count (see :func:`drop_errors`). Raises
+    (model, press, error) with their count (see :func:`drop_errors`). Restored cells (a ``restore``
+    condition) are left out unless ``with_restored``: they are interventions, not compression. Raises
     :class:`~kvroute.errors.StoreError` when nothing readable is there.
     """
+    df = _load_records(path)
+    return df if with_restored else split_restored(df)[0]
+
+
+def _load_records(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if p.is_dir():
         store = p / STORE_NAME
@@ -99,7 +114,7 @@ def load_records(path: str | Path) -> pd.DataFrame:
             return _decode(_read_sqlite(store))
         exports = [p / f"records{s}" for s in _FILE_SUFFIXES[:4] if (p / f"records{s}").is_file()]
         if exports:
-            return load_records(exports[0])
+            return _load_records(exports[0])
         raise StoreError(f"{p} holds no {STORE_NAME} (nor a records.parquet/.csv/.jsonl export); "
                          f"pass the directory a sweep wrote, or a records file")
     if not p.is_file():

@@ -8,13 +8,11 @@ maximum likelihood per model and the empirical P(reachable | k) is compared with
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize_scalar
 
-from kvroute.analysis.common import BASELINE_PRESS, has_columns
+from kvroute.analysis.common import BASELINE_PRESS, has_columns, wilson
 
 #: k bins: exact counts up to 4, then octaves
 _EDGES = [0, 1, 2, 3, 4, 5, 9, 17, 33, 65, 129, 257, 513, 10**9]
@@ -39,16 +37,6 @@ def fit_p(k: np.ndarray, y: np.ndarray) -> float | None:
     return float(res.x)
 
 
-def _wilson(s: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (math.nan, math.nan)
-    p = s / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    w = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, min(c - w, p)), min(1.0, max(c + w, p)))
-
-
 def redundancy_table(df: pd.DataFrame, *, reach_col: str = "reachable") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(bins, fits): empirical P(reachable | k bin) with Wilson 95% intervals and the fitted curve; p per model."""
     if not has_columns(df, ("evidence_heads", reach_col)):
@@ -68,7 +56,7 @@ def redundancy_table(df: pd.DataFrame, *, reach_col: str = "reachable") -> tuple
             if n == 0:
                 continue
             s = int(y[m].sum())
-            low, high = _wilson(s, n)
+            low, high = wilson(s, n)
             kmid = float(k[m].mean())
             rows.append({"model": model, "k_bin": _bin_label(lo, hi), "k_mean": kmid, "n": n, "p_reach": s / n,
                          "low": low, "high": high,

@@ -98,10 +98,12 @@ def _summary_table(rows: list[dict]) -> None:
         return
     regimes = len({r["regime"] for r in rows}) > 1
     errors = any(r.get("errors") for r in rows)
+    restores = any(r.get("restore") for r in rows)
     t = Table(title="summary (means over instances)")
-    for col in ("model", *(["regime"] if regimes else []), "press", "ratio", "n", *(["errored"] if errors else []),
+    for col in ("model", *(["regime"] if regimes else []), "press", "ratio", *(["restore"] if restores else []), "n",
+                *(["errored"] if errors else []),
                 "F1", "halluc. rate", "GER"):
-        t.add_column(col, justify="left" if col in ("model", "regime", "press") else "right",
+        t.add_column(col, justify="left" if col in ("model", "regime", "press", "restore") else "right",
                      overflow="fold")  # a narrow terminal wraps a press name rather than cutting its parameters
 
     def f(v: float | None) -> str:
@@ -109,8 +111,8 @@ def _summary_table(rows: list[dict]) -> None:
 
     for r in rows:
         cells = [str(r["model"]), *([str(r["regime"])] if regimes else []), str(r["press"]), f"{r['ratio']:g}",
-                 str(r["n"]), *([str(r.get("errors") or 0)] if errors else []), f(r["f1"]),
-                 f(r["hallucination_rate"]), f(r["ger"])]
+                 *([str(r.get("restore") or "-")] if restores else []), str(r["n"]),
+                 *([str(r.get("errors") or 0)] if errors else []), f(r["f1"]), f(r["hallucination_rate"]), f(r["ger"])]
         t.add_row(*(Text(c) for c in cells))  # Text, not markup: snapkv[window_size=8] keeps its brackets
     console.print(t)
 

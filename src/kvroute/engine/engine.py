@@ -14,6 +14,7 @@ from kvroute.engine.prefill import PrefillCapture, PrefillResult, ScoreKey, Scor
 from kvroute.engine.window import check_tokens
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.presses import KeepMask, Press, build_press, check_ratio
+from kvroute.presses.restore import Restore
 
 if TYPE_CHECKING:
     from kvroute.models.loading import LoadedModel
@@ -68,9 +69,11 @@ class Engine:
         return self._presses[spec]
 
     def validate(self, cells: Sequence[Cell]) -> None:
-        """Check names and ratios before any compute (unknown names raise with suggestions)."""
+        """Check names, ratios and restore conditions before any compute (unknown names raise with suggestions)."""
         for c in cells:
             check_ratio(c.ratio)
+            if c.restore:
+                Restore.parse(c.restore)
             if c.press != NO_PRESS:
                 self.press(c.press)
 
@@ -110,6 +113,7 @@ class Engine:
     # complexity: per-cell error handling around one prefill and one decode (each branch one kind of cell failure)
     def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,  # noqa: C901
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
+            answer: Sequence[int] | None = None,
             captures: Sequence[PrefillCapture] = (), decode_full: bool = True,
             lens_ids: Sequence[int] | None = None, lens_seqs: Sequence[Sequence[int]] | None = None,
             cell_errors: bool = False, question_window: int = 0) -> EngineResult:
@@ -118,7 +122,8 @@ class Engine:
         ``decode_full=False`` skips the full-cache reference when no cell keeps everything (answers
         only, no metrics); ``EngineResult.full`` is then None.
 
-        ``evidence``: evidence token positions inside the context (needed by oracle controls);
+        ``evidence``: evidence token positions inside the context (needed by oracle controls); ``answer``: the
+        answer's token positions there (needed by cells with a ``restore`` condition);
         ``track``: named sets of prompt positions whose attention mass from each generated token is
         recorded; ``gold_ids``: the gold answer's tokens, teacher-forced for its log-probability;
         ``lens_ids``: tokens whose per-layer logit lens at the last prompt token is recorded;
@@ -179,17 +184,22 @@ class Engine:
         for i, c in enumerate(cells):
             if i in errors:
                 masks.append(None)
-            elif i not in cell_key:
-                masks.append(KeepMask(full.mask, c.press if c.press != NO_PRESS else NO_PRESS, c.ratio))
-            else:
-                try:
+                continue
+            try:
+                if i not in cell_key:  # keeps everything: shares the full-cache decode (a restore changes nothing)
+                    mask = KeepMask(full.mask, c.press if c.press != NO_PRESS else NO_PRESS, c.ratio)
+                else:
                     aux = {name: pre.scores[k] for name, k in aux_keys.get(i, {}).items()}
-                    masks.append(self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio, aux))
-                except CELL_ERRORS as e:
-                    if not cell_errors:
-                        raise
-                    errors[i] = error_reason(e)
-                    masks.append(None)
+                    mask = self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio, aux)
+                if c.restore:
+                    restored = Restore.parse(c.restore).apply(mask, answer or [], ev, seed=seed)
+                    mask = restored if i in cell_key else mask
+                masks.append(mask)
+            except CELL_ERRORS as e:
+                if not cell_errors:
+                    raise
+                errors[i] = error_reason(e)
+                masks.append(None)
         t2 = time.perf_counter()
         # cells whose mask keeps everything (ratio 0, "none") share the full-cache decode
         todo = [i for i in range(len(cells)) if i in cell_key and i not in errors]

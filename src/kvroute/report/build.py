@@ -53,8 +53,11 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                  title: str = "kvroute report", survival: SurvivalExample | None = None,
                  config: AnalysisConfig | None = None, examples_per_ratio: int = 3,
                  tickets: pd.DataFrame | None = None, ticket_images: list[tuple[str, bytes]] | None = None,
-                 progress: Progress = SILENT) -> Path:
+                 restoration: pd.DataFrame | None = None, progress: Progress = SILENT) -> Path:
     """Analyse ``df`` and write ``report.html``, ``summary.json`` and ``figures/`` into ``out_dir``.
+
+    ``restoration``: :func:`kvroute.analysis.restoration.restoration_table` of the run's restored cells (``df``
+    holds the presses' own cells only).
 
     ``survival`` is one instance's keep-mask for the survival heatmap (the records do not hold
     keep-masks). Sections whose data are missing say so instead of showing a figure. The page opens
@@ -160,6 +163,8 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                           why("decomposition")),
                       _decomposition_table(t.get("decomposition")),
                       _rigidity_table(t.get("rigidity"), why("rigidity"))),
+            h.section("restoration", "5b. Causal restoration: what putting entries back repairs",
+                      _restoration_table(restoration, cfg.ger_threshold)),
             h.section("consensus", "6. Layer-wise head consensus",
                       fig("fig-consensus", lambda: fr.consensus_figure(t.get("consensus_nosink_profiles"),
                                                                        group=t.get("consensus_group_nosink_profiles")),
@@ -240,6 +245,7 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                ("cliff", "Hallucination cliff"),
                ("league", "Press league"), ("context", "α* against context length"), ("ger", "GER and hallucination"),
                ("rau", "Retention, accessibility, utilization"), ("decomposition", "Failure decomposition"),
+               ("restoration", "Causal restoration"),
                ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"),
                ("probe", "Identity and logit lens"),
                ("routes", "Route-preserving selection"), ("redundancy", "Redundancy"), ("tickets", "Lottery tickets"),
@@ -403,6 +409,25 @@ def _decomposition_table(d: pd.DataFrame | None) -> str:
             + h.table(d, [c for c in _DECOMP_COLS if c[0] in d.columns]))
 
 
+def _restoration_table(r: pd.DataFrame | None, ger_threshold: float) -> str:
+    intro = h.paragraph(
+        "A restored cell is its press's keep-mask at its ratio with chosen entries kept again (the sweep config's "
+        "`restore` list: answer, evidence, random — as many other tokens, the null —, optionally one band of "
+        "layers or some KV heads), decoded like any cell. Among the base cells that failed, by failure class "
+        f"(erasure: ger_all_layers ≥ {ger_threshold:g}; retained; undefined GER), the share the restoration "
+        "repaired (the restored cell answers correctly), with Wilson 95% intervals over instances. A failure "
+        "that restore=answer repairs was an erasure causally; a retained failure that restore=evidence does not "
+        "repair is rigidity-like.")
+    if r is None or r.empty:
+        return intro + h.note("no restored cells in these records (add restore = [\"answer\", \"evidence\", "
+                              "\"random\"] to the sweep config)")
+    r = r.copy()
+    r["interval"] = [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(r["low"], r["high"], strict=True)]
+    cols = [("model", "model"), ("press", "press"), ("ratio", "α"), ("restore", "restore"), ("class", "base failure"),
+            ("failures", "failures"), ("repaired", "repaired"), ("share", "share"), ("interval", "95% interval")]
+    return intro + h.table(r, cols)
+
+
 def _rigidity_table(r: pd.DataFrame | None, missing: str) -> str:
     if r is None or r.empty:
         return h.note(missing)
@@ -455,12 +480,14 @@ def build_run_report(run: str | Path, out_dir: str | Path | None = None, *, titl
     A session that a killed sweep left "running" reads "interrupted" in the report (in memory only).
     """
     from kvroute.analysis.load import load_manifest, load_records
+    from kvroute.analysis.restoration import restoration_table
     from kvroute.analysis.tickets import load_tickets
     from kvroute.report.heatmap import load_survival
 
     run = Path(run)
     base = run if run.is_dir() else run.parent
     df = load_records(run)
+    restoration = restoration_table(load_records(run, with_restored=True))
     if survival_file is None:
         masks = sorted((base / "masks").glob("*.npz"))
         survival_file = masks[0] if masks else None
@@ -475,4 +502,4 @@ def build_run_report(run: str | Path, out_dir: str | Path | None = None, *, titl
     return build_report(df, Path(out_dir) if out_dir is not None else base / "report", manifest=manifest,
                         title=title, config=config, tickets=load_tickets(run),
                         survival=load_survival(survival_file) if survival_file is not None else None,
-                        ticket_images=images, progress=progress)
+                        ticket_images=images, restoration=restoration, progress=progress)

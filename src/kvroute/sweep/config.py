@@ -23,11 +23,12 @@ from kvroute.config import apply_overrides, check_keys, load_mapping
 from kvroute.errors import ConfigError, KvrouteError
 from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
 from kvroute.presses import build_press, check_ratio
+from kvroute.presses.restore import Restore
 from kvroute.settings import RunSettings
 from kvroute.tasks import FAMILIES, TaskSpec
 from kvroute.tasks.prompt import REGIMES
 
-TOP_KEYS = ("name", "models", "tasks", "presses", "ratios", "regimes", "seeds", "metrics", "decoding",
+TOP_KEYS = ("name", "models", "tasks", "presses", "ratios", "restore", "regimes", "seeds", "metrics", "decoding",
             "metric_settings", "ray")
 MODEL_KEYS = ("name", "device", "dtype")
 FILE_TASK_KEYS = ("file", "limit")
@@ -83,6 +84,8 @@ class SweepConfig:
     presses: tuple[str, ...]
     ratios: tuple[float, ...]
     regimes: tuple[str, ...] = ("agnostic",)
+    # restore conditions (kvroute.presses.restore, canonical): each compressed cell also runs with each of them
+    restore: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (0,)
     settings: RunSettings = field(default_factory=RunSettings)
     ray: RaySettings = field(default_factory=RaySettings)
@@ -112,7 +115,8 @@ class SweepConfig:
         return {
             "name": self.name, "source": self.source,
             "models": [m.to_dict() for m in self.models], "tasks": [t.to_dict() for t in self.tasks],
-            "presses": list(self.presses), "ratios": list(self.ratios), "regimes": list(self.regimes),
+            "presses": list(self.presses), "ratios": list(self.ratios), "restore": list(self.restore),
+            "regimes": list(self.regimes),
             "seeds": list(self.seeds), "metrics": list(s.metrics),
             "decoding": {"max_new_tokens": s.max_new_tokens, "batch_size": s.batch_size,
                          "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
@@ -295,6 +299,19 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
     presses_raw = _list(data, "presses", w, default=None if compressed else ())
     presses = [_press(p, i, w) for i, p in enumerate(presses_raw)]
     _unique([canon for _, canon in presses], "presses (as canonical names)", w)
+    restore = []
+    for i, r in enumerate(_list(data, "restore", w, default=())):
+        if not isinstance(r, str) or not r:
+            raise w.error(f"restore[{i}]", "must be a restore condition such as \"answer\" or "
+                          "\"answer@layers:late\"", r)
+        try:
+            restore.append(str(Restore.parse(r)))
+        except KvrouteError as e:
+            raise w.error(f"restore[{i}]", str(e), r) from None
+    _unique(restore, "restore (as canonical conditions)", w)
+    if restore and not compressed:
+        raise w.error("restore", "needs compressed cells (a ratio above 0): a restore puts entries back into a "
+                      "press's mask")
     regimes = _list(data, "regimes", w, default=("agnostic",))
     for i, r in enumerate(regimes):
         if r not in REGIMES:
@@ -313,7 +330,7 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
     settings = RunSettings(**_decoding(data.get("decoding", {}), w), metrics=tuple(metrics),
                            metric=_metric_settings(data.get("metric_settings", {}), w))
     return SweepConfig(models=models, tasks=tasks, presses=tuple(p for p, _ in presses), ratios=tuple(ratios),
-                       regimes=tuple(regimes), seeds=tuple(seeds), settings=settings,
+                       restore=tuple(restore), regimes=tuple(regimes), seeds=tuple(seeds), settings=settings,
                        ray=_ray(data.get("ray", {}), w), name=name, source=source)
 
 

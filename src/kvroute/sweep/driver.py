@@ -53,7 +53,8 @@ class Plan:
         per_unit = len(self.units[0].cells) if self.units else 0
         return {"cells": self.cells, "units": len(self.units), "cells_per_unit": per_unit,
                 "models": [m.name for m in c.models], "instances": self.instances, "presses": list(c.presses),
-                "ratios": list(c.ratios), "regimes": list(c.regimes), "seeds": list(c.seeds)}
+                "ratios": list(c.ratios), "restore": list(c.restore), "regimes": list(c.regimes),
+                "seeds": list(c.seeds)}
 
 
 @dataclass

@@ -34,10 +34,14 @@ def model_id(model: ModelSpec) -> str:
     return f"{model.name}|{model.dtype or 'auto'}"
 
 
-def cell_key(model: str, instance_id: str, press: str, ratio: float, regime: str, seed: int, settings: str) -> str:
-    """Content hash of one cell (``model`` from :func:`model_id`, ``press`` canonical)."""
-    text = json.dumps([model, instance_id, press, float(ratio), regime, seed, settings], separators=(",", ":"),
-                      ensure_ascii=False)
+def cell_key(model: str, instance_id: str, press: str, ratio: float, regime: str, seed: int, settings: str,
+             restore: str = "") -> str:
+    """Content hash of one cell (``model`` from :func:`model_id`, ``press`` canonical; a restore condition, in its
+    canonical form, joins the hashed list only when there is one, so cells without keep their keys)."""
+    fields: list[object] = [model, instance_id, press, float(ratio), regime, seed, settings]
+    if restore:
+        fields.append(restore)
+    text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
@@ -57,14 +61,17 @@ class WorkUnit:
 
 
 def grid_cells(config: SweepConfig) -> list[tuple[Cell, str]]:
-    """Every (press, ratio) cell of one unit with its canonical press name: the baseline first, then presses ×
-    ratios."""
+    """Every (press, ratio[, restore]) cell of one unit with its canonical press name: the baseline first, then
+    presses × ratios, each compressed cell followed by its restored cells (one per restore condition)."""
     out: list[tuple[Cell, str]] = []
     if any(r == 0 for r in config.ratios):
         out.append((Cell(NO_PRESS, 0.0), NO_PRESS))
     for p in config.presses:
         canon = build_press(p).name
-        out.extend((Cell(p, r), canon) for r in config.ratios if r > 0)
+        for r in config.ratios:
+            if r > 0:
+                out.append((Cell(p, r), canon))
+                out.extend((Cell(p, r, restore), canon) for restore in config.restore)
     return out
 
 
@@ -78,7 +85,8 @@ def expand(config: SweepConfig, tasks: Mapping[str, Sequence[Any]]) -> list[Work
         for seed in config.seeds:
             for regime in config.regimes:
                 for inst in tasks[m.name]:
-                    keys = tuple(cell_key(mid, inst.id, canon, c.ratio, regime, seed, sh) for c, canon in cells)
+                    keys = tuple(cell_key(mid, inst.id, canon, c.ratio, regime, seed, sh, c.restore)
+                                 for c, canon in cells)
                     units.append(WorkUnit(m.name, inst, regime, seed, tuple(c for c, _ in cells), keys))
     return units
 

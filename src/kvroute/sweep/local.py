@@ -51,9 +51,11 @@ def finish_records(unit: WorkUnit, records: list[dict[str, Any]], settings_hash:
                          f"{len(unit.cells)} cells")
     out = []
     for key, cell, rec in zip(unit.keys, unit.cells, records, strict=True):
-        if rec.get("press") != cell.press or rec.get("ratio") != cell.ratio:
-            raise SweepError(f"instance {unit.instance.id}: record for {rec.get('press')}@{rec.get('ratio')} came "
-                             f"back where {cell.press}@{cell.ratio} was expected")
+        same = (rec.get("press"), rec.get("ratio"), rec.get("restore") or "") == (cell.press, cell.ratio, cell.restore)
+        if not same:
+            raise SweepError(f"instance {unit.instance.id}: record for {rec.get('press')}@{rec.get('ratio')} "
+                             f"(restore {rec.get('restore')}) came back where {cell.press}@{cell.ratio} (restore "
+                             f"{cell.restore or None}) was expected")
         rec = {**rec, "settings": settings_hash}
         head = {"key": key, **{k: rec.pop(k, None) for k in KEY_FIELDS}}
         out.append({**head, **rec})

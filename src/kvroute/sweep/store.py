@@ -287,19 +287,20 @@ class Store:
 
     # summaries ----------------------------------------------------------------------------------
     def summary(self, settings: str | None = None) -> list[dict[str, Any]]:
-        """Per (model, regime, press, ratio): n cells, mean F1, hallucination rate and mean GER (None when not
-        measured) over the cells that ran, and ``errors``: how many of the n errored (metrics absent)."""
+        """Per (model, regime, press, ratio, restore condition): n cells, mean F1, hallucination rate and mean GER
+        (None when not measured) over the cells that ran, and ``errors``: how many of the n errored (metrics
+        absent)."""
         have = set(self._kinds)
         agg = ", ".join(f"AVG({c})" if c in have else "NULL" for c in ("f1", "hallucinated", "ger"))
         agg += ", SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END)" if "status" in have else ", 0"
         where = " WHERE settings = ?" if settings is not None and "settings" in have else ""
-        keys = ("model", "regime", "press", "ratio")
+        keys = ("model", "regime", "press", "ratio", "restore")
         select = ", ".join(f"{c} AS k_{c}" if c in have else f"NULL AS k_{c}" for c in keys)
         group = ", ".join(f"k_{c}" for c in keys)
         sql = (f"SELECT {select}, COUNT(*), {agg} FROM {TABLE}{where} GROUP BY {group} "
-               "ORDER BY k_model, k_regime, k_press != 'none', k_press, k_ratio")
+               "ORDER BY k_model, k_regime, k_press != 'none', k_press, k_ratio, k_restore IS NOT NULL, k_restore")
         rows = self.con.execute(sql, (settings,) if where else ()).fetchall()
-        names = ("model", "regime", "press", "ratio", "n", "f1", "hallucination_rate", "ger", "errors")
+        names = ("model", "regime", "press", "ratio", "restore", "n", "f1", "hallucination_rate", "ger", "errors")
         return [dict(zip(names, r, strict=True)) for r in rows]
 
 

@@ -1,0 +1,136 @@
+"""Causal restoration: chosen context entries put back into a compressed cell's KeepMask.
+
+A restored cell is its press's mask at its ratio with some entries kept again, decoded like any other
+cell (one batched decode per instance). What the restoration fixes is causal evidence about why the
+cell failed: a failure that ``restore=answer`` repairs was an erasure of the answer; one where the
+answer was retained and ``restore=evidence`` does not repair it is not about what was kept.
+
+Conditions (``Cell.restore``, the sweep config's ``restore`` list)::
+
+    answer                    the answer's tokens, every layer and KV head
+    evidence                  the evidence tokens (answer included), every layer and KV head
+    random                    as many other context tokens as the answer has, drawn at random (the null)
+    answer@layers:4-11        one band of layers (inclusive; 0-based)
+    answer@layers:early       the first third of the layers (middle, late: the others)
+    answer@heads:0,2          these KV heads of every layer (a KV head serves its GQA group of query heads)
+    evidence@layers:late@heads:1
+
+A condition the model cannot take (layers or heads it lacks) or the instance cannot (no answer tokens in
+the context) raises :class:`~kvroute.errors.EngineError`, which the engine records as that cell's
+error; the other cells run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvroute.errors import ConfigError, EngineError, suggest
+from kvroute.presses.keepmask import KeepMask
+
+TARGETS = ("answer", "evidence", "random")
+BANDS = ("early", "middle", "late")
+_LAYERS = re.compile(r"^(\d+)-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A parsed restore condition (see the module doc)."""
+
+    target: str
+    layers: tuple[int, int] | str | None = None  # inclusive (first, last), or a band name
+    heads: tuple[int, ...] | None = None  # KV heads
+
+    @classmethod
+    def parse(cls, spec: str) -> Restore:
+        """``"answer@layers:0-9"`` → Restore; a malformed condition raises ConfigError naming the part."""
+        parts = [p.strip() for p in spec.strip().split("@")]
+        target = parts[0]
+        if target not in TARGETS:
+            hint = suggest(target, TARGETS)
+            raise ConfigError(f"restore condition {spec!r}: unknown target {target!r}; choose from "
+                              f"{', '.join(TARGETS)}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        layers: tuple[int, int] | str | None = None
+        heads: tuple[int, ...] | None = None
+        for part in parts[1:]:
+            key, _, value = part.partition(":")
+            if key == "layers" and layers is None:
+                if value in BANDS:
+                    layers = value
+                elif m := _LAYERS.match(value):
+                    a, b = int(m.group(1)), int(m.group(2))
+                    if a > b:
+                        raise ConfigError(f"restore condition {spec!r}: layers {value} run backwards; write {b}-{a}")
+                    layers = (a, b)
+                else:
+                    raise ConfigError(f"restore condition {spec!r}: layers must be FIRST-LAST (0-based, inclusive) "
+                                      f"or one of {', '.join(BANDS)}, got {value!r}")
+            elif key == "heads" and heads is None:
+                try:
+                    heads = tuple(sorted({int(h) for h in value.split(",")}))
+                except ValueError:
+                    raise ConfigError(f"restore condition {spec!r}: heads must be KV head numbers separated by "
+                                      f"commas, got {value!r}") from None
+                if any(h < 0 for h in heads):
+                    raise ConfigError(f"restore condition {spec!r}: head numbers start at 0")
+            else:
+                raise ConfigError(f"restore condition {spec!r}: {part!r} is not @layers:… or @heads:… (each at "
+                                  "most once)")
+        return cls(target, layers, heads)
+
+    def __str__(self) -> str:
+        out = self.target
+        if self.layers is not None:
+            out += "@layers:" + (self.layers if isinstance(self.layers, str) else f"{self.layers[0]}-{self.layers[1]}")
+        if self.heads is not None:
+            out += "@heads:" + ",".join(map(str, self.heads))
+        return out
+
+    def layer_range(self, num_layers: int) -> range:
+        """The restored layers of a model of ``num_layers`` (EngineError when it lacks them)."""
+        if self.layers is None:
+            return range(num_layers)
+        if isinstance(self.layers, str):
+            i = BANDS.index(self.layers)
+            return range(i * num_layers // 3, (i + 1) * num_layers // 3)
+        a, b = self.layers
+        if b >= num_layers:
+            raise EngineError(f"restore={self}: the model has {num_layers} layers (0-{num_layers - 1}), not {b}")
+        return range(a, b + 1)
+
+    def positions(self, T: int, answer: Sequence[int], evidence: Sequence[int], seed: int) -> list[int]:
+        """The restored context positions (EngineError when the instance has none to restore)."""
+        ans = sorted({p for p in answer if 0 <= p < T})
+        if self.target == "answer" or self.target == "random":
+            if not ans:
+                raise EngineError(f"restore={self}: this instance has no answer tokens in the context")
+            if self.target == "answer":
+                return ans
+            others = torch.as_tensor(sorted(set(range(T)) - set(ans)), dtype=torch.long)
+            g = torch.Generator().manual_seed(seed)
+            return sorted(others[torch.randperm(len(others), generator=g)[: len(ans)]].tolist())
+        ev = sorted({p for p in evidence if 0 <= p < T} | set(ans))
+        if not ev:
+            raise EngineError(f"restore={self}: this instance has no evidence tokens in the context")
+        return ev
+
+    def apply(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], *, seed: int = 0) -> KeepMask:
+        """``mask`` with the condition's entries kept again (a new KeepMask; ``mask`` is not changed)."""
+        L, Hkv, T = mask.shape
+        layers = self.layer_range(L)
+        if self.heads is not None and self.heads[-1] >= Hkv:
+            raise EngineError(f"restore={self}: the model has {Hkv} KV heads per layer (0-{Hkv - 1})")
+        heads = list(self.heads) if self.heads is not None else list(range(Hkv))
+        pos = torch.as_tensor(self.positions(T, answer, evidence, seed), dtype=torch.long, device=mask.mask.device)
+        keep = mask.mask.clone()
+        li = torch.as_tensor(list(layers), dtype=torch.long, device=keep.device)
+        hi = torch.as_tensor(heads, dtype=torch.long, device=keep.device)
+        keep[li[:, None, None], hi[None, :, None], pos[None, None, :]] = True
+        return KeepMask(keep, mask.press, mask.ratio)
+
+
+def parse_restore(spec: str | None) -> Restore | None:
+    return Restore.parse(spec) if spec else None

@@ -1,0 +1,101 @@
+"""Restore conditions: parsing, the entries they put back (hand-built masks), their refusals, and the
+restoration table on hand-built records."""
+
+import pandas as pd
+import pytest
+import torch
+
+from kvroute.analysis.restoration import restoration_table
+from kvroute.errors import ConfigError, EngineError
+from kvroute.presses import KeepMask
+from kvroute.presses.restore import Restore
+
+
+@pytest.mark.parametrize("spec", ["answer", "evidence", "random", "answer@layers:2-4", "answer@layers:late",
+                                  "evidence@layers:early@heads:0,1", "answer@heads:1"])
+def test_conditions_round_trip(spec):
+    assert str(Restore.parse(spec)) == spec
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("anser", "unknown target 'anser'.*did you mean 'answer'"),
+    ("answer@layers:5-2", "run backwards; write 2-5"),
+    ("answer@layers:first", "FIRST-LAST"),
+    ("answer@heads:a,b", "KV head numbers"),
+    ("answer@heads:-1", "start at 0"),
+    ("answer@layers:1-2@layers:3-4", "each at most once"),
+    ("answer@tokens:3", "is not @layers"),
+])
+def test_malformed_conditions_are_refused_naming_the_part(spec, needle):
+    with pytest.raises(ConfigError, match=needle):
+        Restore.parse(spec)
+
+
+def _mask(L=6, H=2, T=10):
+    return KeepMask(torch.zeros(L, H, T, dtype=torch.bool), "hand", 0.9)
+
+
+def test_answer_restores_exactly_its_tokens_in_the_named_layers_and_heads():
+    m = Restore.parse("answer@layers:1-2@heads:1").apply(_mask(), answer=[3, 4, 99], evidence=[7])
+    expected = torch.zeros(6, 2, 10, dtype=torch.bool)
+    expected[1:3, 1, 3:5] = True  # position 99 lies outside the context and is ignored
+    assert torch.equal(m.mask, expected) and (m.press, m.ratio) == ("hand", 0.9)
+    ev = Restore.parse("evidence").apply(_mask(), answer=[3], evidence=[7, 8])
+    assert ev.mask[:, :, [3, 7, 8]].all() and int(ev.mask.sum()) == 6 * 2 * 3  # evidence includes the answer
+    assert not _mask().mask.any()  # the input mask is not changed
+
+
+def test_layer_bands_are_thirds():
+    for band, layers in (("early", [0, 1]), ("middle", [2, 3]), ("late", [4, 5])):
+        m = Restore.parse(f"answer@layers:{band}").apply(_mask(), answer=[0], evidence=[])
+        assert m.mask[:, 0, 0].nonzero().flatten().tolist() == layers
+
+
+def test_random_restores_as_many_other_tokens_reproducibly():
+    r = Restore.parse("random")
+    a = r.apply(_mask(), answer=[2, 5], evidence=[], seed=3).mask[0, 0].nonzero().flatten().tolist()
+    b = r.apply(_mask(), answer=[2, 5], evidence=[], seed=3).mask[0, 0].nonzero().flatten().tolist()
+    c = {tuple(r.apply(_mask(), answer=[2, 5], evidence=[], seed=s).mask[0, 0].nonzero().flatten().tolist())
+         for s in range(20)}
+    assert a == b and len(a) == 2 and not set(a) & {2, 5} and len(c) > 1
+
+
+@pytest.mark.parametrize("spec, answer, needle", [
+    ("answer@layers:4-9", [1], "has 6 layers \\(0-5\\), not 9"),
+    ("answer@heads:0,2", [1], "has 2 KV heads"),
+    ("answer", [], "no answer tokens in the context"),
+    ("random", [], "no answer tokens"),
+    ("evidence", [], "no evidence tokens"),
+])
+def test_what_the_model_or_instance_lacks_is_an_engine_error(spec, answer, needle):
+    with pytest.raises(EngineError, match=needle):
+        Restore.parse(spec).apply(_mask(), answer=answer, evidence=[])
+
+
+def _records():
+    rows = []
+    for i in range(10):
+        inst = f"i{i}"
+        rows.append(dict(model="m", instance_id=inst, press="none", ratio=0.0, restore=None, regime="agnostic", seed=0,
+                         outcome="correct", ger_all_layers=0.0, evidence="located"))
+        erased = i < 6  # six erasures, four retained failures, all failing at 0.9
+        rows.append(dict(model="m", instance_id=inst, press="p", ratio=0.9, restore=None, regime="agnostic", seed=0,
+                         outcome="fabricated", ger_all_layers=1.0 if erased else 0.5, evidence="located"))
+        # restore=answer repairs the six erasures and one retained failure; random repairs none
+        rows.append(dict(model="m", instance_id=inst, press="p", ratio=0.9, restore="answer", regime="agnostic",
+                         seed=0, outcome="correct" if erased or i == 6 else "fabricated", ger_all_layers=0.0,
+                         evidence="located"))
+        rows.append(dict(model="m", instance_id=inst, press="p", ratio=0.9, restore="random", regime="agnostic",
+                         seed=0, outcome="fabricated", ger_all_layers=1.0, evidence="located"))
+    return pd.DataFrame(rows)
+
+
+def test_the_restoration_table_counts_repairs_per_failure_class():
+    t = restoration_table(_records()).set_index(["restore", "class"])
+    assert (t.loc[("answer", "erasure"), "failures"], t.loc[("answer", "erasure"), "repaired"]) == (6, 6)
+    assert (t.loc[("answer", "retained"), "failures"], t.loc[("answer", "retained"), "repaired"]) == (4, 1)
+    assert (t.loc[("answer", "all"), "failures"], t.loc[("answer", "all"), "repaired"]) == (10, 7)
+    assert t.loc[("random", "all"), "repaired"] == 0 and t.loc[("random", "all"), "high"] < 0.35
+    lo, hi = t.loc[("answer", "all"), ["low", "high"]]
+    assert lo < 0.7 < hi
+    assert restoration_table(_records().query("restore.isna()")).empty
