@@ -1,6 +1,7 @@
 """Sweep configs: TOML/YAML loading, overrides, and errors that name the file, the key and what is allowed."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +219,12 @@ def test_restore_conditions_are_checked_and_made_canonical(folder):
         load_sweep_config(write(folder, _restore('["answer", "answer@layers:0-1", "answer"]')))
     with pytest.raises(ConfigError, match=r"restore\[0\]"):
         load_sweep_config(write(folder, _restore("[3]")))
+
+
+STUDY_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", STUDY_CONFIGS, ids=lambda p: p.name)
+def test_the_committed_study_configs_are_valid(path):
+    cfg = load_sweep_config(path)
+    assert cfg.models and cfg.tasks and cfg.ratios
