@@ -399,3 +399,18 @@ def _answer_rows(L, H, T, answer, layers):
     for layer in layers:
         rows[layer, :, answer] = True
     return rows
+
+
+def test_consensus_restore_puts_back_the_full_caches_consensus_token_of_each_layer(setup):
+    from kvroute.presses.restore import consensus_positions
+
+    lm, prompt = setup
+    T = len(prompt.context_ids)
+    res = Engine(lm, DecodeSettings(max_new_tokens=4)).run(prompt, [Cell("knorm", 0.9),
+                                                                   Cell("knorm", 0.9, "consensus")])
+    pos = consensus_positions(res.full.last_attention, T)
+    assert len(pos) == lm.info.num_layers and all(4 <= p < T for p in pos)
+    expected = res.masks[0].mask.clone()
+    for layer, p in enumerate(pos):
+        expected[layer, :, p] = True
+    assert torch.equal(res.masks[1].mask, expected)

@@ -11,7 +11,8 @@ from kvroute.presses import KeepMask
 from kvroute.presses.restore import Restore
 
 
-@pytest.mark.parametrize("spec", ["answer", "evidence", "random", "answer@layers:2-4", "answer@layers:late",
+@pytest.mark.parametrize("spec", ["answer", "evidence", "random", "consensus@layers:middle",
+                                  "answer@layers:2-4", "answer@layers:late",
                                   "evidence@layers:early@heads:0,1", "answer@heads:1"])
 def test_conditions_round_trip(spec):
     assert str(Restore.parse(spec)) == spec
@@ -99,3 +100,20 @@ def test_the_restoration_table_counts_repairs_per_failure_class():
     lo, hi = t.loc[("answer", "all"), ["low", "high"]]
     assert lo < 0.7 < hi
     assert restoration_table(_records().query("restore.isna()")).empty
+
+
+def test_consensus_positions_are_each_layers_most_shared_argmax_after_the_sinks():
+    from kvroute.presses.restore import consensus_positions
+
+    rows = torch.full((2, 3, 12), 0.01)
+    rows[0, :, 1] = 0.9  # a sink: every head's raw argmax, skipped
+    rows[0, 0, 5], rows[0, 1, 5], rows[0, 2, 7] = 0.5, 0.4, 0.6  # after the sinks: 5, 5, 7 -> 5
+    rows[1, 0, 9], rows[1, 1, 6], rows[1, 2, 6] = 0.5, 0.5, 0.5
+    rows[1, :, 11] = 0.99  # beyond the context (a question token): not a context position
+    assert consensus_positions(rows, T=10) == [5, 6]
+    m = Restore.parse("consensus").apply(_mask(L=2, T=10), answer=[], evidence=[], consensus=[5, 6])
+    assert m.mask.nonzero().tolist() == [[0, 0, 5], [0, 1, 5], [1, 0, 6], [1, 1, 6]]
+    with pytest.raises(EngineError, match="consensus positions were not computed"):
+        Restore.parse("consensus").apply(_mask(L=2, T=10), answer=[], evidence=[])
+    with pytest.raises(EngineError, match="none after the first 4"):
+        consensus_positions(rows[..., :4], T=4)

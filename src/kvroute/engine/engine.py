@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -14,7 +14,7 @@ from kvroute.engine.prefill import PrefillCapture, PrefillResult, ScoreKey, Scor
 from kvroute.engine.window import check_tokens
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.presses import KeepMask, Press, build_press, check_ratio
-from kvroute.presses.restore import Restore
+from kvroute.presses.restore import Restore, consensus_positions
 
 if TYPE_CHECKING:
     from kvroute.models.loading import LoadedModel
@@ -180,6 +180,7 @@ class Engine:
                        if k in failed and i not in errors})
         L, Hkv = len(pre.keys), pre.keys[0].shape[1]
         full = KeepMask.full(L, Hkv, T, device=pre.keys[0].device)
+        consensus = self._consensus_once(full)
         masks: list[KeepMask | None] = []
         for i, c in enumerate(cells):
             if i in errors:
@@ -192,7 +193,9 @@ class Engine:
                     aux = {name: pre.scores[k] for name, k in aux_keys.get(i, {}).items()}
                     mask = self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio, aux)
                 if c.restore:
-                    restored = Restore.parse(c.restore).apply(mask, answer or [], ev, seed=seed)
+                    cond = Restore.parse(c.restore)
+                    restored = cond.apply(mask, answer or [], ev, seed=seed,
+                                          consensus=consensus(pre, q_ids) if cond.target == "consensus" else None)
                     mask = restored if i in cell_key else mask
                 masks.append(mask)
             except CELL_ERRORS as e:
@@ -229,6 +232,22 @@ class Engine:
         """``decode_cells`` with this engine's settings; ``lean``: tokens only (no captures)."""
         settings = replace(self.settings, capture=False, keep_logits=False) if lean else self.settings
         return decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, masks, settings=settings, **kw)
+
+    def _consensus_once(self, full: KeepMask) -> Callable[[PrefillResult, list[int]], list[int]]:
+        """A function giving the full cache's consensus position of each layer (for ``restore=consensus``),
+        computed on first use from one question forward of the full cache with its attention captured."""
+        memo: list[list[int]] = []
+
+        def get(pre: PrefillResult, q_ids: list[int]) -> list[int]:
+            if not memo:
+                settings = replace(self.settings, capture=True, max_new_tokens=1, keep_logits=False, batch_size=1,
+                                   draft=False)
+                out = decode_cells(self.lm.model, None, pre, q_ids, [full], settings=settings)[0]
+                assert out.last_attention is not None
+                memo.append(consensus_positions(out.last_attention, pre.num_tokens))
+            return memo[0]
+
+        return get
 
     def _decode_with_full(self, pre: PrefillResult, q_ids: list[int], lead: list[KeepMask], masks: list[KeepMask],
                           full: KeepMask, **kw: Any) -> list[CellOutput]:

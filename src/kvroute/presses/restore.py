@@ -10,6 +10,9 @@ Conditions (``Cell.restore``, the sweep config's ``restore`` list)::
     answer                    the answer's tokens, every layer and KV head
     evidence                  the evidence tokens (answer included), every layer and KV head
     random                    as many other context tokens as the answer has, drawn at random (the null)
+    consensus                 each layer's consensus token in the full cache: the context position most of
+                              the layer's query heads attend to most from the last prompt token (after the
+                              first 4 positions, the sinks), put back in that layer
     answer@layers:4-11        one band of layers (inclusive; 0-based)
     answer@layers:early       the first third of the layers (middle, late: the others)
     answer@heads:0,2          these KV heads of every layer (a KV head serves its GQA group of query heads)
@@ -31,7 +34,9 @@ import torch
 from kvroute.errors import ConfigError, EngineError, suggest
 from kvroute.presses.keepmask import KeepMask
 
-TARGETS = ("answer", "evidence", "random")
+TARGETS = ("answer", "evidence", "random", "consensus")
+#: positions the consensus target skips (the attention sinks: the consensus metric's default n_sink)
+CONSENSUS_SKIP = 4
 BANDS = ("early", "middle", "late")
 _LAYERS = re.compile(r"^(\d+)-(\d+)$")
 
@@ -102,7 +107,8 @@ class Restore:
         return range(a, b + 1)
 
     def positions(self, T: int, answer: Sequence[int], evidence: Sequence[int], seed: int) -> list[int]:
-        """The restored context positions (EngineError when the instance has none to restore)."""
+        """The restored context positions, the same in every layer (EngineError when the instance has none to
+        restore; not for the consensus target, whose position is per layer)."""
         ans = sorted({p for p in answer if 0 <= p < T})
         if self.target == "answer" or self.target == "random":
             if not ans:
@@ -117,19 +123,38 @@ class Restore:
             raise EngineError(f"restore={self}: this instance has no evidence tokens in the context")
         return ev
 
-    def apply(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], *, seed: int = 0) -> KeepMask:
-        """``mask`` with the condition's entries kept again (a new KeepMask; ``mask`` is not changed)."""
+    def apply(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], *, seed: int = 0,
+              consensus: Sequence[int] | None = None) -> KeepMask:
+        """``mask`` with the condition's entries kept again (a new KeepMask; ``mask`` is not changed).
+        ``consensus``: the full cache's consensus position of each layer (:func:`consensus_positions`), needed by
+        the consensus target only."""
         L, Hkv, T = mask.shape
-        layers = self.layer_range(L)
+        layers = list(self.layer_range(L))
         if self.heads is not None and self.heads[-1] >= Hkv:
             raise EngineError(f"restore={self}: the model has {Hkv} KV heads per layer (0-{Hkv - 1})")
         heads = list(self.heads) if self.heads is not None else list(range(Hkv))
-        pos = torch.as_tensor(self.positions(T, answer, evidence, seed), dtype=torch.long, device=mask.mask.device)
         keep = mask.mask.clone()
-        li = torch.as_tensor(list(layers), dtype=torch.long, device=keep.device)
         hi = torch.as_tensor(heads, dtype=torch.long, device=keep.device)
+        if self.target == "consensus":
+            if consensus is None or len(consensus) != L:
+                raise EngineError(f"restore={self}: the full cache's consensus positions were not computed")
+            for layer in layers:
+                keep[layer, hi, consensus[layer]] = True
+            return KeepMask(keep, mask.press, mask.ratio)
+        pos = torch.as_tensor(self.positions(T, answer, evidence, seed), dtype=torch.long, device=keep.device)
+        li = torch.as_tensor(layers, dtype=torch.long, device=keep.device)
         keep[li[:, None, None], hi[None, :, None], pos[None, None, :]] = True
         return KeepMask(keep, mask.press, mask.ratio)
+
+
+def consensus_positions(rows: torch.Tensor, T: int, skip: int = CONSENSUS_SKIP) -> list[int]:
+    """Per layer, the context position (of ``T``, after the first ``skip``) that most query heads attend to most:
+    the mode of the heads' argmax over ``rows [L, H, K]`` (the full cache's last-prompt-token attention; ties go
+    to the earlier position)."""
+    if skip >= T:
+        raise EngineError(f"restore=consensus: the context has {T} tokens, none after the first {skip} (the sinks)")
+    arg = rows[..., skip:T].float().argmax(-1) + skip  # [L, H]
+    return [int(torch.mode(arg[layer]).values) for layer in range(arg.shape[0])]
 
 
 def parse_restore(spec: str | None) -> Restore | None:
