@@ -11,7 +11,8 @@ cache answers correctly:
   restore=answer (Wilson 95% intervals; "cannot decide" where they overlap).
 
 Then the restoration table (kvroute.analysis.restoration) for both presses: the share of failures each
-condition repairs, by failure class. (Restoring into an uncompressed cell changes nothing by construction:
+condition repairs, by failure class; and the retrieval-head comparison (kvroute.analysis.retrieval) on the
+press's own cells. (Restoring into an uncompressed cell changes nothing by construction:
 tests/integration/test_engine.py.)
 
     python benchmarks/restore_controls.py [--model smollm2-135m] [--n 32]
@@ -27,6 +28,8 @@ from pathlib import Path
 import pandas as pd
 from common import environment, write
 
+from kvroute.metrics import DEFAULT_METRICS
+
 PRESSES = ("anti_oracle[base=knorm]", "snapkv")
 RATIOS = (0.0, 0.25, 0.5, 0.75, 0.9)
 RESTORE = ("answer", "evidence", "random")
@@ -37,7 +40,8 @@ def config(model: str, n: int, seed: int) -> dict:
             "tasks": [{"family": "base", "difficulty": 1, "n": n, "seed": seed, "target_tokens": 320,
                        "distractors": 2, "unanswerable_share": 0.0}],
             "presses": list(PRESSES), "ratios": list(RATIOS), "restore": list(RESTORE), "regimes": ["agnostic"],
-            "seeds": [seed], "decoding": {"max_new_tokens": 16, "answer_prefix": "Answer:"}}
+            "seeds": [seed], "metrics": [*DEFAULT_METRICS, "retrieval"],
+            "decoding": {"max_new_tokens": 16, "answer_prefix": "Answer:"}}
 
 
 def recovery(df: pd.DataFrame) -> pd.DataFrame:
@@ -92,6 +96,7 @@ def main() -> int:
     args = ap.parse_args()
     from kvroute.analysis.load import load_records
     from kvroute.analysis.restoration import restoration_table
+    from kvroute.analysis.retrieval import retrieval_vs_ger
     from kvroute.sweep import run_sweep, sweep_config_from_mapping
 
     env = environment()
@@ -116,7 +121,14 @@ def main() -> int:
              *_md(rec, ["press", "ratio", "restore", "n", "same", "share", "low", "high"]), "",
              *[f"- {marks[ok]} {text}" for text, ok in checks(rec)], "",
              "## Repairs: share of failures each restore condition repairs (all failure classes)", "",
-             *_md(table, ["press", "ratio", "restore", "failures", "repaired", "share", "low", "high"])]
+             *_md(table, ["press", "ratio", "restore", "failures", "repaired", "share", "low", "high"]), "",
+             "## Retrieval heads: does the answer's survival in them predict hallucination within ratio?", "",
+             "Metric 'retrieval' on the same cells (the press's own cells, restored ones left out): AUC for "
+             "hallucination of 1 − retrieval survival against GER's, within ratio, with the difference's 95% "
+             "instance-bootstrap interval.", "",
+             *_md(retrieval_vs_ger(df[df["restore"].isna()], n_boot=1000),
+                  ["model", "retrieval_heads", "events", "cells", "auc_retrieval", "auc_ger", "delta", "low", "high",
+                   "verdict"])]
     print("\n".join(lines))
     write("restore_controls" if args.model == "smollm2-135m" else f"restore_controls_{args.model}", lines)
     return 0

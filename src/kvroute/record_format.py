@@ -33,7 +33,7 @@ VECTOR_FIELDS: tuple[str, ...] = (*LAYER_FIELDS, "probe_features")
 BOOL_FIELDS: tuple[str, ...] = ("hallucinated", "reachable", "routed_reachable", "routed_reachable_pooled",
                                 "unanswerable")
 #: fields that are always text, whatever they look like (an answer "True" or "[1]" stays a string)
-TEXT_FIELDS = frozenset({"model", "instance_id", "press", "regime", "settings", "family", "answer_type",
+TEXT_FIELDS = frozenset({"model", "instance_id", "press", "restore", "regime", "settings", "family", "answer_type",
                          "question_type", "evidence", "scorer", "selection", "status", "error", "answer",
                          "outcome", "key", "id"})
 

@@ -74,6 +74,15 @@ METRIC_FIELDS: dict[str, str] = {
     "eviction_rate": "share of (layer, t) context tokens evicted from every KV head",
     "evidence_heads": "number of (layer, KV head) pairs keeping at least one evidence token (redundancy k)",
     "answer_heads": "number of (layer, KV head) pairs keeping at least one answer token",
+    "answer_kept_heads": "per layer, per KV head ([L][Hkv] lists): the share of the answer's context tokens "
+                         "that head keeps (metric 'retrieval'; with the model's retrieval heads it gives the answer's "
+                         "survival in them)",
+    "retrieval_hits": "full-cache cells only, per layer, per query head ([L][H] lists of counts): how many of the "
+                      "answer tokens the model generated were generated while that head attended most to a context "
+                      "position of the answer holding that same token (the retrieval-head criterion of Wu et al. "
+                      "2024; metric 'retrieval')",
+    "retrieval_events": "full-cache cells only: generated tokens that copy an answer token of the context (the "
+                        "denominator of the retrieval score)",
     "evidence_attention_mass": "attention mass from the last prompt token onto T_ev, mean over layers and query heads",
     "evidence_attention_mass_full": "the same with the full (uncompressed) cache",
     "answer_attention_mass": "attention mass from the last prompt token onto the answer tokens T_ans, mean over layers "

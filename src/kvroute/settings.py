@@ -48,5 +48,6 @@ class RunSettings:
         from kvroute.engine.decode import DecodeSettings  # (the engine imports transformers: only when decoding)
 
         return DecodeSettings(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
-                              capture=bool(self.needs & {"attention", "hidden"}),
+                              capture=bool(self.needs & {"attention", "hidden", "argmax"}),
+                              argmax="argmax" in self.needs,
                               attention_memory=self.attention_memory, draft=self.draft)

@@ -414,3 +414,20 @@ def test_consensus_restore_puts_back_the_full_caches_consensus_token_of_each_lay
     for layer, p in enumerate(pos):
         expected[layer, :, p] = True
     assert torch.equal(res.masks[1].mask, expected)
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_generated_argmax_is_the_argmax_of_each_generated_row(setup, draft):
+    """DecodeSettings.argmax records, per token fed back, each layer and head's most-attended context position: the
+    argmax of the rows keep_generated_rows keeps (with draft verification too, where the rows come from the draft
+    forward for the accepted tokens)."""
+    lm, prompt = setup
+    T = len(prompt.context_ids)
+    cells = [Cell("knorm", r) for r in (0.3, 0.9)]
+    rows = Engine(lm, DecodeSettings(max_new_tokens=6, keep_generated_rows=True)).run(prompt, cells)
+    got = Engine(lm, DecodeSettings(max_new_tokens=6, argmax=True, draft=draft)).run(prompt, cells)
+    for a, b in zip([rows.full, *rows.outputs], [got.full, *got.outputs], strict=True):
+        assert a.tokens == b.tokens
+        expected = torch.stack([r[..., :T].float().argmax(-1) for r in a.generated_rows])
+        assert b.generated_argmax.shape == (len(a.tokens) - 1, lm.info.num_layers, lm.info.num_heads)
+        assert (b.generated_argmax == expected).float().mean() > 0.99  # (float16 rows may tie where float32 does not)

@@ -36,6 +36,7 @@ from kvroute.analysis.league import LEAGUE_RULE, MIN_LEAGUE_INSTANCES, press_lea
 from kvroute.analysis.load import drop_errors, rename_legacy_fields
 from kvroute.analysis.probe import identity_by_ratio, lens_profiles, probe_by_ratio
 from kvroute.analysis.redundancy import redundancy_table
+from kvroute.analysis.retrieval import retrieval_vs_ger
 from kvroute.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -161,6 +162,9 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                                                      seed=cfg.seed)})
     section("redundancy", ["evidence_heads", "reachable"], lambda: dict(zip(
         ("redundancy", "redundancy_fit"), redundancy_table(df), strict=True)))
+    # retrieval heads (metric 'retrieval'): does the answer's survival in them predict hallucination within ratio?
+    section("retrieval", ["retrieval_hits", "answer_kept_heads", "ger", "hallucinated"], lambda: {
+        "retrieval": retrieval_vs_ger(df, n_boot=cfg.n_boot, seed=cfg.seed)})
     # the probes that count: which candidate value is the answer (identity), and the gold's logit lens
     section("identity_probe", ["lens_candidates"], lambda: {
         "identity_probe": identity_by_ratio(df, folds=cfg.probe_folds, n_boot=cfg.n_boot, confidence=cfg.confidence,

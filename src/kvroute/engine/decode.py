@@ -34,6 +34,8 @@ class DecodeSettings:
     capture: bool = True  # last-prompt-token attention rows and hidden states, generated-token masses
     keep_generated_rows: bool = False  # also keep each generated token's full attention rows (float16)
     keep_logits: bool = False  # keep the question forward's logits (for equivalence checks)
+    # each generated token's argmax context position per layer and query head (the retrieval-head criterion)
+    argmax: bool = False
     # verify a given draft answer in one forward (decode_cells' ``draft``) before stepping; off by default: on the
     # benchmarks so far it costs more than it saves (docs/performance.md, "Draft verification")
     draft: bool = False
@@ -61,6 +63,8 @@ class CellOutput:
     hidden: torch.Tensor | None = None  # [L + 1, hidden]: last prompt token's hidden states (embeddings first)
     generated_mass: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [steps, L, H]
     generated_rows: list[torch.Tensor] | None = None  # per step [L, H, T + Q + step] float16
+    # per generated token fed back (all but the last): the context position each layer's query heads attend to most
+    generated_argmax: torch.Tensor | None = None  # [steps, L, H] int64 (DecodeSettings.argmax)
     logits: torch.Tensor | None = None  # [G + 1, V]: logits at prompt positions Q-1 … Q+G-1 (keep_logits)
     # logit lens at the last prompt token, layers 1 … L (final norm + unembedding; the last layer is the
     # model's own logits), one column per requested ``lens_ids`` token: log-prob, and rank (0 = top-1)
@@ -334,6 +338,8 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
     last = torch.empty(B, L, H, T + Q, device=device) if capture else None
     seen: set[int] = set()
     gen_mass = {k: torch.zeros(B, settings.max_new_tokens, L, H, device=device) for k in track_idx}
+    gen_arg = (torch.zeros(B, settings.max_new_tokens, L, H, dtype=torch.long, device=device) if settings.argmax
+               else None)
     gen_rows: list[list[torch.Tensor | None]] = []
 
     def on_probs(layer: int, row: torch.Tensor, query: int) -> None:  # row [b, H, T + s] float32, one query per cell
@@ -345,6 +351,8 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
         steps = state["fed"] + query  # per active row: the generated token this query is
         for name, idx in track_idx.items():
             gen_mass[name][rows, steps, layer] = row.index_select(-1, idx).sum(-1)  # [b, H]
+        if gen_arg is not None:
+            gen_arg[rows, steps, layer] = row[..., :T].argmax(-1)  # [b, H]
         if settings.keep_generated_rows:
             gen_rows[state["forward"]][layer] = row.half()
 
@@ -392,7 +400,7 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             for b in range(B):
                 results[b].logits = logits[b].float().clone()
         cache.truncate(Q)
-        if not (track_idx or settings.keep_generated_rows):
+        if not (track_idx or settings.keep_generated_rows or settings.argmax):
             ctx.on_probs = None  # nothing is read from the decode steps' attention rows
         nxt = logits[:, 0].argmax(-1)  # [B]: each cell's first generated token
         # 2) the draft (the full cache's answer) verified in one forward: each cell's tokens up to and including
@@ -436,7 +444,9 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
                     results[r].generated_rows.append(stacked[j])
     for b, r in enumerate(results):
         r.text = tokenizer.decode(r.tokens, skip_special_tokens=True) if tokenizer is not None else ""
+        n = max(len(r.tokens) - 1, 0)  # generated tokens that were fed back in
         if capture and track_idx:
-            n = max(len(r.tokens) - 1, 0)  # generated tokens that were fed back in
             r.generated_mass = {k: v[b, :n].clone() for k, v in gen_mass.items()}
+        if gen_arg is not None:
+            r.generated_argmax = gen_arg[b, :n].clone()
     return results

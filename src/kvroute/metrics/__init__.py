@@ -4,7 +4,7 @@
 (kvroute.metrics.records) turns an engine result into one record per cell.
 """
 
-from kvroute.metrics import accessibility, consensus, hallucination, representation, retention  # noqa: F401
+from kvroute.metrics import accessibility, consensus, hallucination, representation, retention, retrieval  # noqa: F401
 from kvroute.metrics.base import METRICS, CellContext, Metric, MetricSettings
 
 DEFAULT_METRICS = ("retention", "accessibility", "routes", "consensus", "utilization", "representation")

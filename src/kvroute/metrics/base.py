@@ -63,7 +63,7 @@ class CellContext:
 class Metric(ABC):
     name: ClassVar[str]
     fields: ClassVar[tuple[str, ...]]
-    needs: ClassVar[frozenset[str]] = frozenset()  # captures: "attention", "hidden", "gold", "routes", "lens"
+    needs: ClassVar[frozenset[str]] = frozenset()  # captures: "attention", "hidden", "gold", "routes", "lens", "argmax"
 
     @abstractmethod
     def compute(self, ctx: CellContext) -> dict[str, Any]: ...
