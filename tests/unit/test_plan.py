@@ -59,3 +59,8 @@ def test_the_shape_is_read_from_the_model():
     assert (s.layers, s.heads, s.kv_heads, s.hidden, s.vocab) == (c.num_hidden_layers, c.num_attention_heads,
                                                                   c.num_key_value_heads, c.hidden_size, c.vocab_size)
     assert s.dtype_bytes == 4 and s.kv_heads < s.heads
+
+
+def test_no_cells_plan_a_batch_of_one():
+    plan = plan_batch(SHAPE, T=100, q=5, new=2, cells=0, available=1 << 30, attention=1 << 20, capture=False)
+    assert plan.batch == 1

@@ -119,7 +119,7 @@ def plan_batch(shape: MemoryShape, *, T: int, q: int, new: int, cells: int, avai
                           f"{gib((fixed + per_cell) / (1 - HEADROOM))} beside the prefill, one cell at a time; "
                           f"{gib(available)} is free. Run fewer cells per instance, turn the captures off "
                           "(answers-only metrics), lower decoding.attention_memory, or use a larger device")
-    batch = requested if requested is not None else int(min(MAX_BATCH, cells, fits))
+    batch = requested if requested is not None else int(max(1, min(MAX_BATCH, cells, fits)))
     return BatchPlan(batch, per_cell, fixed, available, int(fits))
 
 
