@@ -120,7 +120,8 @@ def main() -> int:
              "## Controls: share of cells giving the full cache's answer (Wilson 95%)", "",
              *_md(rec, ["press", "ratio", "restore", "n", "same", "share", "low", "high"]), "",
              *[f"- {marks[ok]} {text}" for text, ok in checks(rec)], "",
-             "## Repairs: share of failures each restore condition repairs (all failure classes)", "",
+             "## Repairs: share of the failures compression caused (the full cache was correct) that each "
+             "restore condition repairs (all failure classes; Wilson 95%)", "",
              *_md(table, ["press", "ratio", "restore", "failures", "repaired", "share", "low", "high"]), "",
              "## Retrieval heads: does the answer's survival in them predict hallucination within ratio?", "",
              "Metric 'retrieval' on the same cells (the press's own cells, restored ones left out): AUC for "

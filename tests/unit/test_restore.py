@@ -96,6 +96,11 @@ def test_the_restoration_table_counts_repairs_per_failure_class():
     assert (t.loc[("answer", "erasure"), "failures"], t.loc[("answer", "erasure"), "repaired"]) == (6, 6)
     assert (t.loc[("answer", "retained"), "failures"], t.loc[("answer", "retained"), "repaired"]) == (4, 1)
     assert (t.loc[("answer", "all"), "failures"], t.loc[("answer", "all"), "repaired"]) == (10, 7)
+    # an instance whose full cache is wrong too: its failures are not compression's, and are left out
+    df = _records()
+    df.loc[(df["instance_id"] == "i9") & (df["press"] == "none"), "outcome"] = "fabricated"
+    t9 = restoration_table(df).set_index(["restore", "class"])
+    assert (t9.loc[("answer", "retained"), "failures"], t9.loc[("answer", "all"), "failures"]) == (3, 9)
     assert t.loc[("random", "all"), "repaired"] == 0 and t.loc[("random", "all"), "high"] < 0.35
     lo, hi = t.loc[("answer", "all"), ["low", "high"]]
     assert lo < 0.7 < hi

@@ -2,9 +2,10 @@
 
 A restored record (``restore`` set, see :mod:`kvroute.presses.restore`) is paired with its base cell: the same
 (model, instance, press, ratio, regime, seed) without a restore. Among base cells that failed (outcome other
-than ``correct``), split by failure class (:func:`kvroute.analysis.decomposition.failure_classes`: erasure,
-retained, undefined), the table gives how many the restoration repaired (the restored cell's outcome is
-``correct``) with a Wilson interval — one pair per instance, so pairs are independent. ``restore=answer``
+than ``correct``) where the full cache of that instance answered correctly (the failures compression caused;
+all failures when the records hold no full-cache cells), split by failure class
+(:func:`kvroute.analysis.decomposition.failure_classes`: erasure, retained, undefined), the table gives how
+many the restoration repaired (the restored cell's outcome is ``correct``) with a Wilson interval — one pair per instance, so pairs are independent. ``restore=answer``
 repairing erasures is the causal reading of "erasure"; a retained failure that ``restore=evidence`` does not
 repair is rigidity-like; ``restore=random`` (as many other tokens) is the null.
 """
@@ -31,6 +32,10 @@ def restoration_table(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.Dat
         return pd.DataFrame(columns=cols)
     require_columns(df, [*PAIR_KEYS, "outcome"], "the restoration table")
     base = main[main["ratio"] > 0].copy()
+    full = main[main["press"] == "none"]
+    if not full.empty:  # compression-induced failures only: the full cache of that instance answered correctly
+        right = full[full["outcome"] == "correct"][PAIR_KEYS[:2] + PAIR_KEYS[4:]].drop_duplicates()
+        base = base.merge(right, on=PAIR_KEYS[:2] + PAIR_KEYS[4:])
     try:
         base["class"] = failure_classes(base, ger_threshold)
     except AnalysisError:  # no retention metric in the run: failures are not classed

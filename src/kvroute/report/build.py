@@ -429,7 +429,8 @@ def _restoration_table(r: pd.DataFrame | None, ger_threshold: float) -> str:
     intro = h.paragraph(
         "A restored cell is its press's keep-mask at its ratio with chosen entries kept again (the sweep config's "
         "`restore` list: answer, evidence, random — as many other tokens, the null —, optionally one band of "
-        "layers or some KV heads), decoded like any cell. Among the base cells that failed, by failure class "
+        "layers or some KV heads), decoded like any cell. Among the base cells that failed where the full cache "
+        "answered correctly (the failures compression caused), by failure class "
         f"(erasure: ger_all_layers ≥ {ger_threshold:g}; retained; undefined GER), the share the restoration "
         "repaired (the restored cell answers correctly), with Wilson 95% intervals over instances. A failure "
         "that restore=answer repairs was an erasure causally; a retained failure that restore=evidence does not "
