@@ -6,7 +6,8 @@ than ``correct``) where the full cache of that instance answered correctly (the 
 all failures when the records hold no full-cache cells), split by failure class
 (:func:`kvroute.analysis.decomposition.failure_classes`: erasure, retained, undefined), the table gives how
 many the restoration repaired (the restored cell's outcome is ``correct``) with a Wilson interval — one pair
-per instance, so pairs are independent. ``restore=answer`` repairing erasures is the causal reading of "erasure"; a retained failure that ``restore=evidence`` does not
+per instance, so pairs are independent. ``restore=answer`` repairing erasures is the causal reading of
+"erasure"; a retained failure that ``restore=evidence`` does not
 repair is rigidity-like; ``restore=random`` (as many other tokens) is the null.
 """
 
