@@ -36,8 +36,12 @@ def test_run_writes_one_record_per_cell_with_the_required_fields(tiny_folder, tm
         assert (len(r["consensus_nosink"]) == 3 and len(r["consensus_group_nosink"]) == 3
                 and len(r["hidden_cosine"]) == 3)
         assert abs(r["kept_fraction"] - (1 - r["ratio"])) < 0.05
-    missing = set(METRIC_FIELDS) - set(recs[0])
+    from kvroute.metrics import DEFAULT_METRICS, METRICS
+
+    opt_in = {f for name, m in METRICS.items() if name not in DEFAULT_METRICS for f in m.fields}  # e.g. 'retrieval'
+    missing = set(METRIC_FIELDS) - opt_in - set(recs[0])
     assert not missing, missing
+    assert not opt_in & set(recs[0])  # an opt-in metric's fields only where it is asked for
 
 
 def test_run_rejects_bad_press_before_loading(tiny_folder, tmp_path):
