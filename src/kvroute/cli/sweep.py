@@ -71,7 +71,8 @@ def sweep(
         d = plan_sweep(cfg).describe()
         console.print(f"[green]valid[/green] {config}: {d['cells']} cells = {d['units']} units (prefills) × "
                       f"{d['cells_per_unit']} cells; models {', '.join(d['models'])}; instances per model "
-                      f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}")
+                      f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}"
+                      + (f"; each compressed cell also restored: {', '.join(d['restore'])}" if d["restore"] else ""))
         return
     try:
         res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address,
