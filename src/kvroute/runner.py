@@ -124,24 +124,23 @@ def instance_prompt(engine: Engine, instance: TaskInstance, *, regime: str, sett
 
 def check_memory(engine: Engine, items: Sequence[tuple[TaskInstance, str, int]], settings: RunSettings) -> None:
     """Refuse (InsufficientMemoryError naming the instance) before anything runs when the largest of ``items``
-    — (instance, regime, cells) — would not fit the free memory even one cell at a time. Instances whose
-    prompt cannot be built are left to their own per-cell error records."""
-    sized = []
-    for instance, regime, cells in items:
+    — (instance, regime, cells) — would not fit the free memory even one cell at a time. Only the longest
+    instance by characters is tokenised (the next one when its prompt cannot be built: that instance gets its
+    own per-cell error records)."""
+    for instance, regime, cells in sorted(items, key=lambda x: (len(x[0].context) + len(x[0].question), x[2]),
+                                          reverse=True):
         try:
             prompt = instance_prompt(engine, instance, regime=regime, settings=settings)
         except CELL_ERRORS:
             continue
-        sized.append((prompt.n_context, len(prompt.question_ids), cells, instance))
-    if not sized:
+        T, Q = prompt.n_context, len(prompt.question_ids)
+        try:
+            engine.check_memory(T, Q + (8 if "gold" in settings.needs else 0), cells + 1,
+                                tracks=int("attention" in settings.needs))
+        except InsufficientMemoryError as e:
+            raise InsufficientMemoryError(f"instance {instance.id} (the longest: {T} context tokens): {e}; nothing "
+                                          "was computed") from None
         return
-    T, Q, cells, instance = max(sized, key=lambda x: (x[0], x[2]))
-    needs = settings.needs
-    try:
-        engine.check_memory(T, Q + (8 if "gold" in needs else 0), cells + 1, tracks=int("attention" in needs))
-    except InsufficientMemoryError as e:
-        raise InsufficientMemoryError(f"instance {instance.id} (the longest: {T} context tokens): {e}; nothing was "
-                                      "computed") from None
 
 
 def _run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell], *, regime: str, seed: int,

@@ -329,7 +329,7 @@ def test_the_engine_drafts_with_the_full_cache_answer(setup):
 def test_the_planned_batch_is_what_the_free_memory_takes(setup, monkeypatch):
     """batch_size "auto": with free memory for exactly three cells beside the fixed part, cells are decoded three at
     a time, and give what one batch of all of them gives."""
-    import kvroute.engine.decode as decode
+    import kvroute.engine.streaming as streaming
     from kvroute.engine.plan import HEADROOM, MemoryShape, plan_batch
 
     lm, prompt = setup
@@ -339,7 +339,7 @@ def test_the_planned_batch_is_what_the_free_memory_takes(setup, monkeypatch):
     shape, T, Q = MemoryShape.of(lm.model), len(prompt.context_ids), len(prompt.question_ids)
     probe = plan_batch(shape, T=T, q=Q, new=6, cells=5, available=1 << 40, attention=budget, capture=True)
     available = int((probe.fixed + 3 * probe.per_cell + 1) / (1 - HEADROOM)) + 1
-    monkeypatch.setattr(decode, "available_memory", lambda _device: available)
+    monkeypatch.setattr(streaming, "available_memory", lambda _device: available)
     rows = []
     hook = lm.model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True)
     try:

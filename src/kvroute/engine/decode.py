@@ -16,11 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from kvroute.engine import streaming
 from kvroute.engine.attention import MaskedContext, masked_attention
 from kvroute.engine.cache import SuffixCache
 from kvroute.engine.plan import MemoryShape, plan_batch
 from kvroute.engine.prefill import PrefillResult
-from kvroute.engine.streaming import ATTENTION_SHARE, attention_budget, available_memory, context_chunk
+from kvroute.engine.streaming import ATTENTION_SHARE, attention_budget, context_chunk
 from kvroute.errors import EngineError
 from kvroute.presses.keepmask import KeepMask
 
@@ -287,7 +288,7 @@ def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_
     if any(not s for s in seqs):
         raise EngineError("lens_seqs must be non-empty token sequences")
     device = pre.keys[0].device
-    available = available_memory(device)
+    available = streaming.available_memory(device)  # (looked up at call time: one place to read or replace it)
     settings = replace(settings, attention_memory=settings.attention_memory or int(available * ATTENTION_SHARE))
     assert settings.attention_memory is not None
     plan = plan_batch(MemoryShape.of(model), T=pre.num_tokens, q=len(question_ids) + len(gold_ids or []),
