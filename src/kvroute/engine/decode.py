@@ -21,7 +21,7 @@ from kvroute.engine.attention import MaskedContext, masked_attention
 from kvroute.engine.cache import SuffixCache
 from kvroute.engine.plan import MemoryShape, plan_batch
 from kvroute.engine.prefill import PrefillResult
-from kvroute.engine.streaming import ATTENTION_SHARE, attention_budget, context_chunk
+from kvroute.engine.streaming import ATTENTION_SHARE, context_chunk
 from kvroute.errors import EngineError
 from kvroute.presses.keepmask import KeepMask
 
@@ -357,7 +357,8 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
         if settings.keep_generated_rows:
             gen_rows[state["forward"]][layer] = row.half()
 
-    budget = settings.attention_memory or attention_budget(device)  # (decode_cells sets it)
+    budget = settings.attention_memory  # decode_cells sets it (the default: a share of the free memory)
+    assert budget is not None
 
     def chunk(cells: int, queries: int, keys: int) -> int | None:  # the context chunk of one forward (None: at once)
         return context_chunk(cells, H, queries, keys, budget)
