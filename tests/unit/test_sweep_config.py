@@ -221,6 +221,12 @@ def test_restore_conditions_are_checked_and_made_canonical(folder):
         load_sweep_config(write(folder, _restore("[3]")))
 
 
+def test_an_empty_restore_list_means_no_restored_cells(folder):
+    # `--set restore=[]` turns a study config's restoration off; the grid is the unrestored one, not an error
+    assert load_sweep_config(write(folder, _restore("[]"))).restore == ()
+    assert load_sweep_config(write(folder, TOML)).restore == ()
+
+
 STUDY_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "configs").glob("*.toml"))
 
 

@@ -157,7 +157,7 @@ class _Where:
         return ConfigError(f"{where}: {key}{shown}: {msg}")
 
 
-def _list(data: Mapping[str, Any], key: str, w: _Where, default: Any = None) -> list[Any]:
+def _list(data: Mapping[str, Any], key: str, w: _Where, default: Any = None, *, empty_ok: bool = False) -> list[Any]:
     if key not in data:
         if default is None:
             raise w.error(key, "missing; this key is required (see docs/running.md, Sweeps)")
@@ -167,7 +167,7 @@ def _list(data: Mapping[str, Any], key: str, w: _Where, default: Any = None) -> 
         v = [v]
     if not isinstance(v, list):
         raise w.error(key, "must be a list", v)
-    if not v:
+    if not v and not empty_ok:
         raise w.error(key, "is empty, so the grid would be empty; give at least one value", v)
     return v
 
@@ -300,7 +300,7 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
     presses = [_press(p, i, w) for i, p in enumerate(presses_raw)]
     _unique([canon for _, canon in presses], "presses (as canonical names)", w)
     restore = []
-    for i, r in enumerate(_list(data, "restore", w, default=())):
+    for i, r in enumerate(_list(data, "restore", w, default=(), empty_ok=True)):
         if not isinstance(r, str) or not r:
             raise w.error(f"restore[{i}]", "must be a restore condition such as \"answer\" or "
                           "\"answer@layers:late\"", r)
