@@ -54,6 +54,7 @@ STATUS_FIELDS: dict[str, str] = {
 
 # Timings of the instance the cell was computed with (every cell of an instance shares them) ------------
 TIMING_FIELDS: dict[str, str] = {
+    "model_params": "the model's parameter count as loaded (for α* against model size; null in older runs)",
     "seconds_prefill": "seconds of the instance's one prefill (scorers captured), shared by its cells",
     "seconds_decode": "seconds of the instance's batched decode of all its cells, shared by its cells",
 }

@@ -165,13 +165,13 @@ def _run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell],
                         lens_seqs=[list(s) for s in cands.seqs] if cands else None, cell_errors=True,
                         question_window=prompt.question_window)
     return records_from_result(instance, prompt, result, regime=regime, seed=seed, settings=settings,
-                               model_name=model_name, group_size=lm.info.group_size,
+                               model_name=model_name, group_size=lm.info.group_size, model_params=lm.info.num_params,
                                evidence_share=rollout.shares() if rollout else None,
                                null_share=rollout.null_shares() if rollout else None, candidates=cands)
 
 
 def records_from_result(instance: TaskInstance, prompt: Prompt, result: EngineResult, *, regime: str, seed: int,
-                        settings: RunSettings, model_name: str, group_size: int,
+                        settings: RunSettings, model_name: str, group_size: int, model_params: int | None = None,
                         evidence_share: Any = None, null_share: Any = None,
                         candidates: Any = None) -> list[dict[str, Any]]:
     base = task_fields(instance, prompt)
@@ -195,6 +195,7 @@ def records_from_result(instance: TaskInstance, prompt: Prompt, result: EngineRe
             log.info("instance %s, cell %s@%g: %s", instance.id, cell.press, cell.ratio, reason)
             rec = error_record(cell, reason, model_name=model_name, regime=regime, seed=seed, base=base,
                                seconds=result.seconds)
+        rec["model_params"] = model_params
         rec["seconds_prefill"] = result.seconds.get("prefill")
         rec["seconds_decode"] = result.seconds.get("decode")
         records.append(rec)

@@ -394,6 +394,26 @@ def test_restored_cells_decode_their_restored_masks_and_bad_conditions_are_cell_
         eng.run(prompt, [Cell("knorm", 0.5, "answer")])  # without answer positions, outside cell_errors: raises
 
 
+def test_retrieval_head_restore_puts_the_answer_back_in_those_heads_only(setup):
+    """``@heads:retrieval`` restores in the (layer, KV head) pairs serving the engine's retrieval heads (given as
+    query heads); an engine that knows none records the cell's error and runs the others."""
+    from kvroute.presses.restore import kv_pairs
+
+    lm, prompt = setup
+    info = lm.info
+    answer = [5, 6, 7]
+    heads = [(0, 0), (info.num_layers - 1, info.num_heads - 1)]
+    cells = [Cell("knorm", 0.9), Cell("knorm", 0.9, "answer@heads:retrieval")]
+    res = Engine(lm, DecodeSettings(max_new_tokens=4), retrieval_heads=heads).run(prompt, cells, answer=answer)
+    expected = res.masks[0].mask.clone()
+    for layer, h in kv_pairs(heads, info.num_heads, info.num_kv_heads):
+        expected[layer, h, answer] = True
+    assert torch.equal(res.masks[1].mask, expected) and not torch.equal(expected, res.masks[0].mask)
+    bare = Engine(lm, DecodeSettings(max_new_tokens=4)).run(prompt, cells, answer=answer, cell_errors=True)
+    assert set(bare.errors) == {1} and "no retrieval heads are known" in bare.errors[1]
+    assert bare.outputs[0].tokens == res.outputs[0].tokens
+
+
 def _answer_rows(L, H, T, answer, layers):
     rows = torch.zeros(L, H, T, dtype=torch.bool)
     for layer in layers:

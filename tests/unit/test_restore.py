@@ -13,7 +13,8 @@ from kvroute.presses.restore import Restore
 
 @pytest.mark.parametrize("spec", ["answer", "evidence", "random", "consensus@layers:middle",
                                   "answer@layers:2-4", "answer@layers:late",
-                                  "evidence@layers:early@heads:0,1", "answer@heads:1"])
+                                  "evidence@layers:early@heads:0,1", "answer@heads:1", "answer@heads:retrieval",
+                                  "evidence@layers:late@heads:retrieval"])
 def test_conditions_round_trip(spec):
     assert str(Restore.parse(spec)) == spec
 
@@ -71,6 +72,45 @@ def test_random_restores_as_many_other_tokens_reproducibly():
 def test_what_the_model_or_instance_lacks_is_an_engine_error(spec, answer, needle):
     with pytest.raises(EngineError, match=needle):
         Restore.parse(spec).apply(_mask(), answer=answer, evidence=[])
+
+
+def test_retrieval_heads_restore_exactly_their_layer_and_kv_head_pairs():
+    from kvroute.presses.restore import kv_pairs
+
+    # query heads (layer, h) of a model with 4 query heads over 2 KV heads: h // 2 is the KV head
+    pairs = kv_pairs([(0, 0), (0, 1), (3, 3), (5, 2)], num_heads=4, num_kv_heads=2)
+    assert pairs == [(0, 0), (3, 1), (5, 1)]
+    m = Restore.parse("answer@heads:retrieval").apply(_mask(), answer=[3, 4], evidence=[], retrieval=pairs)
+    expected = torch.zeros(6, 2, 10, dtype=torch.bool)
+    for layer, h in pairs:
+        expected[layer, h, [3, 4]] = True
+    assert torch.equal(m.mask, expected)
+    late = Restore.parse("answer@layers:late@heads:retrieval").apply(_mask(), answer=[3], evidence=[], retrieval=pairs)
+    assert late.mask.nonzero().tolist() == [[5, 1, 3]]  # layers 4-5 only
+
+
+@pytest.mark.parametrize("retrieval, spec, needle", [
+    (None, "answer@heads:retrieval", "no retrieval heads are known"),
+    ([], "answer@heads:retrieval", "no retrieval heads \\(none scores"),
+    ([(0, 0)], "answer@layers:late@heads:retrieval", "no retrieval heads in these layers"),
+    ([(9, 0)], "answer@heads:retrieval", "outside this model's 6 layers × 2 KV heads"),
+    ([(0, 0)], "random@heads:retrieval", None),
+])
+def test_retrieval_heads_the_model_lacks_are_an_engine_error(retrieval, spec, needle):
+    cond = Restore.parse(spec)
+    if needle is None:  # the null in the same heads: as many random tokens, in the retrieval heads only
+        m = cond.apply(_mask(), answer=[3, 4], evidence=[], retrieval=retrieval)
+        assert int(m.mask.sum()) == 2 and m.mask[0, 0].sum() == 2 and not m.mask[0, 0, [3, 4]].any()
+        return
+    with pytest.raises(EngineError, match=needle):
+        cond.apply(_mask(), answer=[3], evidence=[], retrieval=retrieval)
+
+
+def test_kv_pairs_refuse_heads_that_do_not_split_into_groups():
+    from kvroute.presses.restore import kv_pairs
+
+    with pytest.raises(EngineError, match="do not split"):
+        kv_pairs([(0, 0)], num_heads=6, num_kv_heads=4)
 
 
 def _records():

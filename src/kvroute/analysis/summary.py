@@ -37,6 +37,7 @@ from kvroute.analysis.load import drop_errors, rename_legacy_fields
 from kvroute.analysis.probe import identity_by_ratio, lens_profiles, probe_by_ratio
 from kvroute.analysis.redundancy import redundancy_table
 from kvroute.analysis.retrieval import retrieval_vs_ger
+from kvroute.analysis.size import cliff_vs_size
 from kvroute.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,14 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                             min_amplitude=cfg.min_amplitude, **boot), strict=True)))
     else:
         notes["context_length"] = f"skipped: no {cfg.long_context_family!r} family cells in these records"
+    # α* against model size: per family, models with a known parameter count (the zoo's), trend and projection
+    if df["model"].nunique() > 1:
+        section("model_size", ["hallucinated"], lambda: dict(zip(
+            ("size_cliffs", "size_trends"),
+            cliff_vs_size(df, exclude_families=(cfg.long_context_family,), min_amplitude=cfg.min_amplitude, **boot),
+            strict=True)))
+    else:
+        notes["model_size"] = "skipped: one model in these records"
     # the headline GER reading: within ratio (logistic on GER with ratio strata, instance-clustered bootstrap)
     section("ger_within_ratio", ["ger", "hallucinated"], lambda: {
         "ger_within_ratio": within_ratio_link(df, threshold=cfg.ger_threshold, **boot)})

@@ -53,6 +53,7 @@ class SyntheticModel:
     alpha_offset: float = 0.0
     erasure: float = 0.7  # P(answer globally evicted | hallucinated)
     group_size: int = 1  # query heads per KV head (heads must be a multiple)
+    params: int | None = None  # the parameter count its records carry (model_params); None: none recorded
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ class SyntheticSpec:
     """What to fabricate; validated on construction."""
 
     models: tuple[SyntheticModel, ...] = (
-        SyntheticModel("llama-like", 16, 8, "llama", 0.0, 0.75, group_size=2),
-        SyntheticModel("qwen-like", 12, 14, "qwen", -0.05, 0.3, group_size=7),
+        SyntheticModel("llama-like", 16, 8, "llama", 0.0, 0.75, group_size=2, params=1_000_000_000),
+        SyntheticModel("qwen-like", 12, 14, "qwen", -0.05, 0.3, group_size=7, params=500_000_000),
     )
     presses: tuple[str, ...] = ("expected_attention+per_head", "snapkv+adakv")
     press_offsets: tuple[float, ...] = (0.0, 0.03)
@@ -192,6 +193,8 @@ def synthetic_records(spec: SyntheticSpec | None = None) -> pd.DataFrame:
     })
     # no answer occurrence in the context: GER is undefined (the runner records None)
     out.loc[unans, ["ger", "ger_all_layers"]] = np.nan
+    params = {m.name: m.params for m in spec.models}
+    out["model_params"] = [params[m] for m in df["model"]]
     _layer_vectors(spec, df, out, halluc, glob, rng)
     _lens_vectors(spec, df, out, glob)
     _routed_fields(spec, df, out)

@@ -14,7 +14,7 @@ from kvroute.engine.prefill import PrefillCapture, PrefillResult, ScoreKey, Scor
 from kvroute.engine.window import check_tokens
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.presses import KeepMask, Press, build_press, check_ratio
-from kvroute.presses.restore import Restore, consensus_positions
+from kvroute.presses.restore import Restore, consensus_positions, kv_pairs
 
 if TYPE_CHECKING:
     from kvroute.models.loading import LoadedModel
@@ -51,9 +51,12 @@ class Engine:
     >>> res.outputs[0].text                                           # doctest: +SKIP
     """
 
-    def __init__(self, lm: LoadedModel, settings: DecodeSettings = DecodeSettings()) -> None:
+    def __init__(self, lm: LoadedModel, settings: DecodeSettings = DecodeSettings(), *,
+                 retrieval_heads: Sequence[tuple[int, int]] | None = None) -> None:
         self.lm = lm
         self.settings = settings
+        #: the model's retrieval heads as (layer, query head) pairs, for ``restore=…@heads:retrieval`` (None: unknown)
+        self.retrieval_heads = None if retrieval_heads is None else [(int(a), int(b)) for a, b in retrieval_heads]
         self._presses: dict[str, Press] = {}
         self._setup_done: set[int] = set()
 
@@ -195,7 +198,8 @@ class Engine:
                 if c.restore:
                     cond = Restore.parse(c.restore)
                     restored = cond.apply(mask, answer or [], ev, seed=seed,
-                                          consensus=consensus(pre, q_ids) if cond.target == "consensus" else None)
+                                          consensus=consensus(pre, q_ids) if cond.target == "consensus" else None,
+                                          retrieval=self._retrieval_kv() if cond.needs_retrieval_heads else None)
                     mask = restored if i in cell_key else mask
                 masks.append(mask)
             except CELL_ERRORS as e:
@@ -232,6 +236,13 @@ class Engine:
         """``decode_cells`` with this engine's settings; ``lean``: tokens only (no captures)."""
         settings = replace(self.settings, capture=False, keep_logits=False) if lean else self.settings
         return decode_cells(self.lm.model, self.lm.tokenizer, pre, q_ids, masks, settings=settings, **kw)
+
+    def _retrieval_kv(self) -> list[tuple[int, int]] | None:
+        """The retrieval heads as the (layer, KV head) pairs a keep mask addresses."""
+        if self.retrieval_heads is None:
+            return None
+        info = self.lm.info
+        return kv_pairs(self.retrieval_heads, info.num_heads, info.num_kv_heads)
 
     def _consensus_once(self, full: KeepMask) -> Callable[[PrefillResult, list[int]], list[int]]:
         """A function giving the full cache's consensus position of each layer (for ``restore=consensus``),

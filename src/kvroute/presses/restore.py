@@ -16,6 +16,9 @@ Conditions (``Cell.restore``, the sweep config's ``restore`` list)::
     answer@layers:4-11        one band of layers (inclusive; 0-based)
     answer@layers:early       the first third of the layers (middle, late: the others)
     answer@heads:0,2          these KV heads of every layer (a KV head serves its GQA group of query heads)
+    answer@heads:retrieval    only the model's retrieval heads: the (layer, KV head) pairs that serve a query head
+                              whose retrieval score (Wu et al. 2024) is at least 0.1 in the full-cache cells of
+                              another run (the sweep config's ``retrieval_heads``; kvroute.analysis.retrieval)
     evidence@layers:late@heads:1
 
 A condition the model cannot take (layers or heads it lacks) or the instance cannot (no answer tokens in
@@ -38,6 +41,7 @@ TARGETS = ("answer", "evidence", "random", "consensus")
 #: positions the consensus target skips (the attention sinks: the consensus metric's default n_sink)
 CONSENSUS_SKIP = 4
 BANDS = ("early", "middle", "late")
+RETRIEVAL = "retrieval"
 _LAYERS = re.compile(r"^(\d+)-(\d+)$")
 
 
@@ -47,7 +51,7 @@ class Restore:
 
     target: str
     layers: tuple[int, int] | str | None = None  # inclusive (first, last), or a band name
-    heads: tuple[int, ...] | None = None  # KV heads
+    heads: tuple[int, ...] | str | None = None  # KV heads, or RETRIEVAL (the model's retrieval heads, per layer)
 
     @classmethod
     def parse(cls, spec: str) -> Restore:
@@ -59,7 +63,7 @@ class Restore:
             raise ConfigError(f"restore condition {spec!r}: unknown target {target!r}; choose from "
                               f"{', '.join(TARGETS)}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         layers: tuple[int, int] | str | None = None
-        heads: tuple[int, ...] | None = None
+        heads: tuple[int, ...] | str | None = None
         for part in parts[1:]:
             key, _, value = part.partition(":")
             if key == "layers" and layers is None:
@@ -73,12 +77,14 @@ class Restore:
                 else:
                     raise ConfigError(f"restore condition {spec!r}: layers must be FIRST-LAST (0-based, inclusive) "
                                       f"or one of {', '.join(BANDS)}, got {value!r}")
+            elif key == "heads" and heads is None and value == RETRIEVAL:
+                heads = RETRIEVAL
             elif key == "heads" and heads is None:
                 try:
                     heads = tuple(sorted({int(h) for h in value.split(",")}))
                 except ValueError:
                     raise ConfigError(f"restore condition {spec!r}: heads must be KV head numbers separated by "
-                                      f"commas, got {value!r}") from None
+                                      f"commas or {RETRIEVAL!r}, got {value!r}") from None
                 if any(h < 0 for h in heads):
                     raise ConfigError(f"restore condition {spec!r}: head numbers start at 0")
             else:
@@ -91,7 +97,7 @@ class Restore:
         if self.layers is not None:
             out += "@layers:" + (self.layers if isinstance(self.layers, str) else f"{self.layers[0]}-{self.layers[1]}")
         if self.heads is not None:
-            out += "@heads:" + ",".join(map(str, self.heads))
+            out += "@heads:" + (self.heads if isinstance(self.heads, str) else ",".join(map(str, self.heads)))
         return out
 
     def layer_range(self, num_layers: int) -> range:
@@ -123,13 +129,22 @@ class Restore:
             raise EngineError(f"restore={self}: this instance has no evidence tokens in the context")
         return ev
 
+    @property
+    def needs_retrieval_heads(self) -> bool:
+        return self.heads == RETRIEVAL
+
     def apply(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], *, seed: int = 0,
-              consensus: Sequence[int] | None = None) -> KeepMask:
+              consensus: Sequence[int] | None = None,
+              retrieval: Sequence[tuple[int, int]] | None = None) -> KeepMask:
         """``mask`` with the condition's entries kept again (a new KeepMask; ``mask`` is not changed).
         ``consensus``: the full cache's consensus position of each layer (:func:`consensus_positions`), needed by
-        the consensus target only."""
+        the consensus target only; ``retrieval``: the model's retrieval heads as (layer, KV head) pairs, needed by
+        ``@heads:retrieval`` only."""
         L, Hkv, T = mask.shape
         layers = list(self.layer_range(L))
+        if self.needs_retrieval_heads:
+            return self._apply_pairs(mask, answer, evidence, seed, consensus, layers, retrieval)
+        assert not isinstance(self.heads, str)
         if self.heads is not None and self.heads[-1] >= Hkv:
             raise EngineError(f"restore={self}: the model has {Hkv} KV heads per layer (0-{Hkv - 1})")
         heads = list(self.heads) if self.heads is not None else list(range(Hkv))
@@ -145,6 +160,46 @@ class Restore:
         li = torch.as_tensor(layers, dtype=torch.long, device=keep.device)
         keep[li[:, None, None], hi[None, :, None], pos[None, None, :]] = True
         return KeepMask(keep, mask.press, mask.ratio)
+
+
+    def _apply_pairs(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], seed: int,
+                     consensus: Sequence[int] | None, layers: list[int],
+                     retrieval: Sequence[tuple[int, int]] | None) -> KeepMask:
+        """The condition restricted to the retrieval heads' (layer, KV head) pairs inside its layers."""
+        L, Hkv, T = mask.shape
+        if retrieval is None:
+            raise EngineError(f"restore={self}: no retrieval heads are known for this model (a sweep names the run "
+                              "they come from with retrieval_heads = RUN_DIR; see docs/running.md)")
+        bad = [(layer, h) for layer, h in retrieval if not (0 <= layer < L and 0 <= h < Hkv)]
+        if bad:
+            raise EngineError(f"restore={self}: retrieval head (layer {bad[0][0]}, KV head {bad[0][1]}) is outside "
+                              f"this model's {L} layers × {Hkv} KV heads (were they found on another model?)")
+        in_band = set(layers)
+        pairs = sorted({(layer, h) for layer, h in retrieval if layer in in_band})
+        if not pairs:
+            raise EngineError(f"restore={self}: the model has no retrieval heads "
+                              + ("in these layers" if self.layers is not None else "(none scores at least the "
+                                 "threshold)"))
+        keep = mask.mask.clone()
+        if self.target == "consensus":
+            if consensus is None or len(consensus) != L:
+                raise EngineError(f"restore={self}: the full cache's consensus positions were not computed")
+            for layer, h in pairs:
+                keep[layer, h, consensus[layer]] = True
+            return KeepMask(keep, mask.press, mask.ratio)
+        pos = torch.as_tensor(self.positions(T, answer, evidence, seed), dtype=torch.long, device=keep.device)
+        li = torch.as_tensor([p[0] for p in pairs], dtype=torch.long, device=keep.device)
+        hi = torch.as_tensor([p[1] for p in pairs], dtype=torch.long, device=keep.device)
+        keep[li[:, None], hi[:, None], pos[None, :]] = True
+        return KeepMask(keep, mask.press, mask.ratio)
+
+
+def kv_pairs(heads: Sequence[tuple[int, int]], num_heads: int, num_kv_heads: int) -> list[tuple[int, int]]:
+    """(layer, query head) pairs → the (layer, KV head) pairs serving them (query head h reads KV head h // G)."""
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise EngineError(f"{num_heads} query heads do not split into {num_kv_heads} KV groups")
+    g = num_heads // num_kv_heads
+    return sorted({(int(layer), int(h) // g) for layer, h in heads})
 
 
 def consensus_positions(rows: torch.Tensor, T: int, skip: int = CONSENSUS_SKIP) -> list[int]:

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 FIGURES: tuple[tuple[str, str], ...] = (
     ("fig-cliff", "Hallucination cliff"),
     ("fig-context", "α* against context length"),
+    ("fig-size", "α* against model size"),
     ("fig-ger", "GER and hallucination"),
     ("fig-rau", "Retention, accessibility, utilization"),
     ("fig-decomposition", "Failure decomposition"),
@@ -131,6 +132,19 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                           "95% intervals.",
                           why("context_length")),
                       _verdict_table(t.get("length_verdicts"))),
+            h.section("size", "2b. α* against model size",
+                      h.paragraph("Per task family (families differ in difficulty, so pooled curves would compare "
+                                  "family mixes), each model's cliff fitted as in section 1, and the least-squares "
+                                  "line of logit α* on log10 of the parameter count, carried to the paper's 3B, 7B "
+                                  "and 14B. Intervals: 95% percentile bootstrap over instances (resampled jointly "
+                                  "for all models when they ran the same instances); a replicate counts only when "
+                                  "every model's α* is identified in it. The projection is an extrapolation: it holds "
+                                  "only if the trend stays log-linear beyond the largest model measured."),
+                      fig("fig-size", lambda: fc.size_figure(t.get("size_cliffs"), t.get("size_trends")),
+                          "α* against the parameter count per family; the dotted line is the fitted trend, hollow "
+                          "points its projection with 95% intervals, the dashed line the paper's α* ≈ 0.9.",
+                          why("model_size")),
+                      _size_tables(t.get("size_cliffs"), t.get("size_trends"))),
             h.section("ger", "3. GER and hallucination",
                       h.paragraph("Within ratio (the main reading): does eviction of the answer raise the "
                                   "hallucination probability at the same α? Logistic regression of each compressed "
@@ -253,7 +267,8 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
         ]
         toc = [("findings", "Findings"), ("run", "What was run"), ("headline", "Headline numbers"),
                ("cliff", "Hallucination cliff"),
-               ("league", "Press league"), ("context", "α* against context length"), ("ger", "GER and hallucination"),
+               ("league", "Press league"), ("context", "α* against context length"),
+               ("size", "α* against model size"), ("ger", "GER and hallucination"),
                ("rau", "Retention, accessibility, utilization"), ("decomposition", "Failure decomposition"),
                ("restoration", "Causal restoration"),
                ("consensus", "Layer-wise consensus"), ("survival", "Evidence survival"),
@@ -382,6 +397,27 @@ def _verdict_table(v: pd.DataFrame | None) -> str:
                        ("cv_kept", "CV of 1 − α*"), ("cv_budget", "CV of budget*"), ("steadier", "steadier"),
                        ("beta", "β"), ("beta_low", "β low"), ("beta_high", "β high"), ("verdict", "verdict"),
                        ("reason", "why")], text_columns=["reason"])
+
+
+def _size_tables(by_model: pd.DataFrame | None, trends: pd.DataFrame | None) -> str:
+    if by_model is None or by_model.empty:
+        return ""
+    out = h.table(by_model, [c for c in [
+        ("family", "family"), ("press", "press"), ("regime", "regime"), ("model", "model"), ("params", "parameters"),
+        ("n_instances", "instances"), ("h0", "H(0)"), ("alpha_star", "α*"), ("alpha_star_low", "CI low"),
+        ("alpha_star_high", "CI high"), ("status", "fit"), ("reason", "note")] if c[0] in by_model.columns],
+        text_columns=["reason"])
+    if trends is None or trends.empty:
+        return out
+    cols = [("family", "family"), ("press", "press"), ("regime", "regime"), ("n_models", "models fitted"),
+            ("slope", "slope (logit α* per 10× N)"), ("slope_low", "low"), ("slope_high", "high")]
+    for c in trends.columns:
+        if c.startswith("pred_") and c.count("_") == 1:
+            lab = c[5:]
+            cols += [(c, f"α* at {lab}"), (f"{c}_low", "low"), (f"{c}_high", "high"),
+                     (f"{c}_has_paper", "contains 0.9")]
+    cols += [("boot_valid", "replicates used"), ("verdict", "verdict"), ("reason", "why")]
+    return out + h.table(trends, [c for c in cols if c[0] in trends.columns], text_columns=["reason"])
 
 
 def _consensus_trend_table(trend: pd.DataFrame | None) -> str:

@@ -135,3 +135,68 @@ def ger_figure(points: pd.DataFrame, corr: pd.DataFrame, *, family: str = "all")
     fig.suptitle("GER against hallucination across the ratio grid (labels = ratio; Pearson r pooled over ratios, "
                  "confounded by α)", fontsize=10)
     return fig
+
+
+def size_figure(by_model: pd.DataFrame, trends: pd.DataFrame, *, paper_alpha: float = 0.9) -> Figure | None:
+    """α* against the parameter count, one panel per task family: a point per (model, press) with its interval, the
+    fitted logit-linear trend carried to the paper's sizes with the projection's interval there, and the paper's α*."""
+    if by_model is None or by_model.empty or by_model["alpha_star"].notna().sum() == 0:
+        return None
+    fams = [f for f in sorted(by_model["family"].unique()) if by_model.loc[by_model["family"] == f, "alpha_star"]
+            .notna().any()][:MAX_PANELS]
+    fig, axes = panels(len(fams), width=5.2)
+    groups = sorted({(p, r) for p, r in zip(by_model["press"], by_model["regime"], strict=True)})
+    colors = color_map(groups)
+    with_regime = len({r for _, r in groups}) > 1
+    for ax, fam in zip(axes, fams, strict=False):
+        sub = by_model[by_model["family"] == fam]
+        for j, (press, regime) in enumerate(groups):
+            g = sub[(sub["press"] == press) & (sub["regime"] == regime)].dropna(subset=["alpha_star"])
+            if g.empty:
+                continue
+            g = g.sort_values("params")
+            c = colors[(press, regime)]
+            # spread the presses a little sideways so their bars do not hide each other
+            x = g["params"].astype(float) * 10 ** (0.03 * (j - (len(groups) - 1) / 2))
+            lo = g["alpha_star_low"].astype(float).fillna(g["alpha_star"])
+            hi = g["alpha_star_high"].astype(float).fillna(g["alpha_star"])
+            err = np.clip(np.array([g["alpha_star"] - lo, hi - g["alpha_star"]]), 0, None)
+            label = _curve_label({"press": press, "regime": regime}, with_regime)
+            ax.errorbar(x, g["alpha_star"], yerr=err, marker="o", ls="none", color=c, capsize=3, label=label)
+            tr = trends[(trends["press"] == press) & (trends["regime"] == regime) & (trends["family"] == fam)] \
+                if trends is not None and not trends.empty else pd.DataFrame()
+            if tr.empty or _num(tr.iloc[0].get("slope")) is None:
+                continue
+            t = tr.iloc[0]
+            targets = [c_[5:] for c_ in t.index if c_.startswith("pred_") and c_.count("_") == 1]
+            sizes = [_size_of(lab) for lab in targets]
+            raw = [_num(t[f"pred_{lab}"]) for lab in targets]
+            if not sizes or any(p is None for p in raw):
+                continue
+            preds = np.array(raw, dtype=float)
+            slope = float(t["slope"])
+            z0 = np.log(preds[0] / (1 - preds[0])) - slope * np.log10(sizes[0])
+            xs = np.logspace(np.log10(g["params"].min()), np.log10(max(sizes)), 60)
+            ax.plot(xs, 1 / (1 + np.exp(-(z0 + slope * np.log10(xs)))), color=c, ls=":", lw=1)
+            p_lo = [_num(t.get(f"pred_{lab}_low")) for lab in targets]
+            p_hi = [_num(t.get(f"pred_{lab}_high")) for lab in targets]
+            if all(v is not None for v in p_lo + p_hi):
+                lo_a, hi_a = np.array(p_lo, dtype=float), np.array(p_hi, dtype=float)
+                perr = np.clip(np.array([preds - lo_a, hi_a - preds]), 0, None)
+                ax.errorbar(np.array(sizes) * 10 ** (0.03 * (j - (len(groups) - 1) / 2)), preds, yerr=perr,
+                            marker="o", mfc="white", ls="none", color=c, capsize=3)
+        ax.axhline(paper_alpha, color="0.3", ls="--", lw=1, label=f"paper: α* ≈ {paper_alpha:g} (3–14B)")
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters")
+        ax.set_ylabel("α* (ratio at the cliff)")
+        ax.set_title(plain_label(fam), fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle("α* against model size — filled: measured (95% CI); hollow: the trend's projection (95% CI)",
+                 fontsize=10)
+    return fig
+
+
+def _size_of(label: str) -> float:
+    """``"3B"`` → 3e9, ``"500M"`` → 5e8 (the inverse of :func:`kvroute.analysis.size.target_label`)."""
+    return float(label[:-1]) * (1e9 if label.endswith("B") else 1e6)

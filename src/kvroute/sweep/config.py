@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +29,10 @@ from kvroute.settings import RunSettings
 from kvroute.tasks import FAMILIES, TaskSpec
 from kvroute.tasks.prompt import REGIMES
 
-TOP_KEYS = ("name", "models", "tasks", "presses", "ratios", "restore", "regimes", "seeds", "metrics", "decoding",
-            "metric_settings", "ray")
+log = logging.getLogger(__name__)
+
+TOP_KEYS = ("name", "models", "tasks", "presses", "ratios", "restore", "retrieval_heads", "regimes", "seeds",
+            "metrics", "decoding", "metric_settings", "ray")
 MODEL_KEYS = ("name", "device", "dtype")
 FILE_TASK_KEYS = ("file", "limit")
 SPEC_TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskSpec))
@@ -49,9 +52,14 @@ class ModelSpec:
     source: str
     device: str | None = None
     dtype: str | None = None
+    # (layer, query head) pairs for restore=…@heads:retrieval, from the run the config's retrieval_heads names
+    retrieval_heads: tuple[tuple[int, int], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "device": self.device, "dtype": self.dtype}
+        out: dict[str, Any] = {"name": self.name, "source": self.source, "device": self.device, "dtype": self.dtype}
+        if self.retrieval_heads is not None:
+            out["retrieval_heads"] = [list(p) for p in self.retrieval_heads]
+        return out
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,8 @@ class SweepConfig:
     regimes: tuple[str, ...] = ("agnostic",)
     # restore conditions (kvroute.presses.restore, canonical): each compressed cell also runs with each of them
     restore: tuple[str, ...] = ()
+    # the run directory the retrieval heads of restore=…@heads:retrieval come from (each model's are in its ModelSpec)
+    retrieval_heads: str | None = None
     seeds: tuple[int, ...] = (0,)
     settings: RunSettings = field(default_factory=RunSettings)
     ray: RaySettings = field(default_factory=RaySettings)
@@ -116,6 +126,7 @@ class SweepConfig:
             "name": self.name, "source": self.source,
             "models": [m.to_dict() for m in self.models], "tasks": [t.to_dict() for t in self.tasks],
             "presses": list(self.presses), "ratios": list(self.ratios), "restore": list(self.restore),
+            **({"retrieval_heads": self.retrieval_heads} if self.retrieval_heads is not None else {}),
             "regimes": list(self.regimes),
             "seeds": list(self.seeds), "metrics": list(s.metrics),
             "decoding": {"max_new_tokens": s.max_new_tokens, "batch_size": s.batch_size,
@@ -312,6 +323,9 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
     if restore and not compressed:
         raise w.error("restore", "needs compressed cells (a ratio above 0): a restore puts entries back into a "
                       "press's mask")
+    heads_from = _retrieval_source(data, restore, w, base_dir)
+    if heads_from is not None:
+        models = _with_retrieval_heads(models, heads_from, w)
     regimes = _list(data, "regimes", w, default=("agnostic",))
     for i, r in enumerate(regimes):
         if r not in REGIMES:
@@ -330,8 +344,52 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
     settings = RunSettings(**_decoding(data.get("decoding", {}), w), metrics=tuple(metrics),
                            metric=_metric_settings(data.get("metric_settings", {}), w))
     return SweepConfig(models=models, tasks=tasks, presses=tuple(p for p, _ in presses), ratios=tuple(ratios),
-                       restore=tuple(restore), regimes=tuple(regimes), seeds=tuple(seeds), settings=settings,
+                       restore=tuple(restore), retrieval_heads=None if heads_from is None else str(heads_from),
+                       regimes=tuple(regimes), seeds=tuple(seeds), settings=settings,
                        ray=_ray(data.get("ray", {}), w), name=name, source=source)
+
+
+def _retrieval_source(data: Mapping[str, Any], restore: list[str], w: _Where, base_dir: Path | None) -> Path | None:
+    """The run directory named by ``retrieval_heads`` (relative to the config's folder), checked against the
+    restore conditions: one that restores in the retrieval heads needs it, and it is only read for those."""
+    wants = [r for r in restore if Restore.parse(r).needs_retrieval_heads]
+    v = data.get("retrieval_heads")
+    if v is None:
+        if wants:
+            raise w.error("retrieval_heads", f"missing; restore condition {wants[0]!r} needs the run directory whose "
+                          "full-cache cells identify each model's retrieval heads (a sweep with the 'retrieval' "
+                          "metric, e.g. at ratio 0 on other instances)")
+        return None
+    if not isinstance(v, str) or not v:
+        raise w.error("retrieval_heads", "must be the path of a run directory", v)
+    if not wants:
+        raise w.error("retrieval_heads", "is set but no restore condition uses @heads:retrieval", v)
+    p = Path(v).expanduser()
+    if not p.is_absolute() and base_dir is not None and not p.exists():
+        p = base_dir / p
+    if not p.exists():
+        raise w.error("retrieval_heads", "no such run directory or records file", v)
+    return p
+
+
+def _with_retrieval_heads(models: tuple[ModelSpec, ...], run: Path, w: _Where) -> tuple[ModelSpec, ...]:
+    """Each model with its retrieval heads as scored on the full-cache cells of ``run``."""
+    from kvroute.analysis.load import load_records
+    from kvroute.analysis.retrieval import MIN_EVENTS, THRESHOLD, retrieval_heads, retrieval_scores
+
+    try:
+        df = load_records(run)
+        heads = retrieval_heads(retrieval_scores(df))
+    except KvrouteError as e:
+        raise w.error("retrieval_heads", f"{run}: {e}") from None
+    missing = [m.name for m in models if m.name not in heads]
+    if missing:
+        raise w.error("retrieval_heads", f"{run} has no retrieval scores for {', '.join(map(repr, missing))} (its "
+                      f"full-cache cells need the 'retrieval' metric and at least {MIN_EVENTS} copying events per "
+                      f"model; it scored {', '.join(map(repr, sorted(heads))) or 'no model'})", str(run))
+    log.info("retrieval heads from %s (score ≥ %g): %s", run, THRESHOLD,
+             "; ".join(f"{m.name}: {len(heads[m.name].heads)}" for m in models))
+    return tuple(dataclasses.replace(m, retrieval_heads=tuple(heads[m.name].heads)) for m in models)
 
 
 def _table(v: Any, key: str, allowed: tuple[str, ...], w: _Where) -> dict[str, Any]:

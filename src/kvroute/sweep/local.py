@@ -32,7 +32,7 @@ def load_engine(model: ModelSpec, settings: RunSettings) -> Engine:
 
     log.info("loading model %s", model.name)
     lm = load_model(model.source, device=model.device, dtype=model.dtype)
-    return Engine(lm, settings.decode_settings())
+    return Engine(lm, settings.decode_settings(), retrieval_heads=model.retrieval_heads)
 
 
 def free_memory(device: Any) -> None:
