@@ -272,3 +272,14 @@ def test_retrieval_head_restoration_without_its_source_is_refused(folder):
     _heads_run(folder, events=2)  # fewer copying events than the scores need
     with pytest.raises(ConfigError, match="at least 5 copying events"):
         load_sweep_config(write(folder, 'retrieval_heads = "heads.jsonl"\n' + _restore('["answer@heads:retrieval"]')))
+
+
+def test_metrics_without_utilization_warn_that_no_cliff_can_be_fitted(folder, caplog):
+    with caplog.at_level("WARNING"):
+        load_sweep_config(write(folder, TOML.replace('metrics = ["retention", "utilization"]',
+                                                     'metrics = ["retention"]')))
+    assert "leave out 'utilization'" in caplog.text and "no report can fit a cliff" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        load_sweep_config(write(folder, TOML))
+    assert "utilization" not in caplog.text

@@ -341,6 +341,10 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
             except KvrouteError as e:
                 raise w.error(f"metrics[{i}]", str(e)) from None
     _unique(metrics, "metrics", w)
+    if "utilization" not in metrics and metrics:
+        log.warning("%s: metrics %s leave out 'utilization': the records will hold no answer, outcome or "
+                    "hallucinated flag, so no report can fit a cliff or a restoration table from them", source,
+                    list(metrics))
     settings = RunSettings(**_decoding(data.get("decoding", {}), w), metrics=tuple(metrics),
                            metric=_metric_settings(data.get("metric_settings", {}), w))
     return SweepConfig(models=models, tasks=tasks, presses=tuple(p for p, _ in presses), ratios=tuple(ratios),
