@@ -22,6 +22,8 @@ ORDER = ["load_speed", "equivalence", "grid_speed", "draft_speed", "profile_grid
          "bookkeeping", "planted_truth", "mask_controls", "restore_controls", "paper_plan", "startup"]
 #: collected into RESULTS.md but never run by `make bench`: they need a CUDA device (see each script's doc)
 DEVICE_ONLY = ["gpu_check"]
+#: collected into RESULTS.md, run by hand: about an hour and a half of study sweeps on 2 cores (see its doc)
+BY_HAND = ["cliff_study"]
 
 
 def main() -> int:
@@ -45,7 +47,7 @@ def main() -> int:
     parts = ["# kvroute benchmarks", "",
              "Rewritten by `make bench` (each section also by its own script). Times are medians of repeated, "
              "side-by-side runs on a shared 2-core machine: compare ratios, not absolute seconds.", ""]
-    for name in ORDER + DEVICE_ONLY:
+    for name in ORDER + BY_HAND + DEVICE_ONLY:
         for f in [HERE / "results" / f"{name}.md", *sorted((HERE / "results").glob(f"{name}_*.md"))]:
             if f.exists():
                 parts += ["#" + f.read_text().strip(), ""]

@@ -57,3 +57,23 @@ def test_manifest_list_reads_versions_commit_device_and_timings():
     assert page.index("</dl>") < page.index("<details>") and "&quot;torch&quot;: &quot;2.13.0&quot;" in page
     assert 'class="note"' in manifest_html(None)
     assert "<dd>abc</dd>" in manifest_html({"git": "abc", "sessions": "odd"})  # odd shapes: shown, no crash
+
+
+def test_size_and_length_findings_state_the_verdict_and_the_projection_against_the_paper():
+    from kvroute.report.findings import length_sentence, size_sentence
+
+    trend = {"family": "base", "press": "snapkv", "n_models": 3, "verdict": "no detectable trend", "slope": 0.12,
+             "slope_low": -0.3, "slope_high": 0.5, "pred_3B": 0.7, "pred_3B_low": 0.6, "pred_3B_high": 0.8,
+             "pred_3B_has_paper": False, "pred_14B": 0.75, "pred_14B_low": 0.55, "pred_14B_high": 0.92,
+             "pred_14B_has_paper": True}
+    text = size_sentence(trend)
+    assert text.startswith("no detectable trend over 3 models, slope 0.12 logit α* per tenfold parameters [-0.30, 0.50]")
+    assert "projected α* at 14B: 0.75 [0.55, 0.92], an interval that holds the paper's 0.9" in text
+    undecided = size_sentence({"verdict": "cannot decide", "n_models": 1, "slope": None, "pred_3B": None})
+    assert undecided == "cannot decide over 1 models"
+    lv = {"model": "m", "press": "p", "verdict": "fixed budget", "n_lengths": 4, "beta": 0.1, "beta_low": -0.2,
+          "beta_high": 0.4}
+    assert length_sentence(lv) == ("fixed budget over 4 context lengths, elasticity of the critical budget β = 0.10 "
+                                   "[-0.20, 0.40] (0: fixed budget, 1: fixed ratio)")
+    labels = [label for label, _ in findings({"headline": [], "size_trends": [trend], "length_verdicts": [lv]})]
+    assert labels == ["α* against context length · m · p", "α* against model size · base · snapkv"]

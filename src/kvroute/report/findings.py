@@ -89,8 +89,36 @@ def consensus_sentence(trend_rows: list[dict[str, Any]], model: str) -> str | No
     return None
 
 
+def size_sentence(row: dict[str, Any]) -> str:
+    """One α*-against-size trend row (``summary["size_trends"]``) in words."""
+    text = f"{row.get('verdict')} over {row.get('n_models')} models"
+    if row.get("slope") is not None:
+        text += (f", slope {_n(row['slope'], 2)} logit α* per tenfold parameters "
+                 f"{_ci([row.get('slope_low'), row.get('slope_high')], 2) or '(interval not identified)'}")
+    preds = [k[5:] for k in row if k.startswith("pred_") and k.count("_") == 1 and row.get(k) is not None]
+    if preds:
+        lab = preds[-1]
+        ci = _ci([row.get(f"pred_{lab}_low"), row.get(f"pred_{lab}_high")], 2)
+        text += f"; projected α* at {lab}: {_n(row[f'pred_{lab}'], 2)} {ci or '(no interval)'}"
+        if row.get(f"pred_{lab}_has_paper") is not None:
+            text += (", an interval that holds the paper's 0.9" if row[f"pred_{lab}_has_paper"]
+                     else ", an interval that excludes the paper's 0.9")
+    return text
+
+
+def length_sentence(row: dict[str, Any]) -> str:
+    """One α*-against-context-length verdict row (``summary["length_verdicts"]``) in words."""
+    text = f"{row.get('verdict')} over {row.get('n_lengths')} context lengths"
+    if row.get("beta") is not None:
+        text += (f", elasticity of the critical budget β = {_n(row['beta'], 2)} "
+                 f"{_ci([row.get('beta_low'), row.get('beta_high')], 2) or '(interval not identified)'} "
+                 "(0: fixed budget, 1: fixed ratio)")
+    return text
+
+
 def findings(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(label, sentence)`` pairs: the cliffs per (model, press, regime), then per model its probe and consensus."""
+    """``(label, sentence)`` pairs: the cliffs per (model, press, regime), then per model its probe and consensus,
+    then how the cliff moves with context length and with model size."""
     rows = summary.get("headline") or []
     regimes = len({r.get("regime") for r in rows}) > 1
     out = []
@@ -102,6 +130,10 @@ def findings(summary: dict[str, Any]) -> list[tuple[str, str]]:
         for s in (identity_sentence([r for r in rows if r["model"] == model]), consensus_sentence(trend, model)):
             if s:
                 out.append((str(model), s))
+    for r in summary.get("length_verdicts") or []:
+        out.append((f"α* against context length · {r.get('model')} · {r.get('press')}", length_sentence(r)))
+    for r in summary.get("size_trends") or []:
+        out.append((f"α* against model size · {r.get('family')} · {r.get('press')}", size_sentence(r)))
     return out
 
 
