@@ -75,5 +75,10 @@ def test_size_and_length_findings_state_the_verdict_and_the_projection_against_t
           "beta_high": 0.4}
     assert length_sentence(lv) == ("fixed budget over 4 context lengths, elasticity of the critical budget β = 0.10 "
                                    "[-0.20, 0.40] (0: fixed budget, 1: fixed ratio)")
-    labels = [label for label, _ in findings({"headline": [], "size_trends": [trend], "length_verdicts": [lv]})]
+    from kvroute.report.findings import scaling_findings, scaling_findings_html
+
+    summary = {"headline": [], "size_trends": [trend], "length_verdicts": [lv]}
+    labels = [label for label, _ in scaling_findings(summary)]
     assert labels == ["α* against context length · m · p", "α* against model size · base · snapkv"]
+    assert findings(summary) == []  # below the cliff figure, not in the opening list
+    assert "How the cliff moves" in scaling_findings_html(summary) and scaling_findings_html({}) == ""

@@ -72,7 +72,10 @@ def sweep(
         console.print(f"[green]valid[/green] {config}: {d['cells']} cells = {d['units']} units (prefills) × "
                       f"{d['cells_per_unit']} cells; models {', '.join(d['models'])}; instances per model "
                       f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}"
-                      + (f"; each compressed cell also restored: {', '.join(d['restore'])}" if d["restore"] else ""))
+                      + (f"; each compressed cell also restored: {', '.join(d['restore'])}" if d["restore"] else "")
+                      + (f"; retrieval heads (score ≥ 0.1, from {cfg.retrieval_heads}): "
+                         + ", ".join(f"{k}: {v}" for k, v in d["retrieval_heads"].items())
+                         if d.get("retrieval_heads") else ""))
         return
     try:
         res = run_sweep(cfg, out, backend=backend, resume=resume, ray_address=ray_address,

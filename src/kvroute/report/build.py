@@ -21,7 +21,7 @@ from kvroute.report import figures_cliff as fc
 from kvroute.report import figures_extra as fx
 from kvroute.report import figures_routing as fr
 from kvroute.report import html as h
-from kvroute.report.findings import findings_html
+from kvroute.report.findings import findings_html, scaling_findings_html
 from kvroute.report.heatmap import SurvivalExample, survival_figure
 from kvroute.report.league import league_html
 from kvroute.report.manifest import manifest_html
@@ -101,7 +101,8 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                          "monotone cross-check α½, ▲ the safe ratio.")
         opening = h.section("findings", "Findings", findings_html(s),
                             fig("fig-cliff", lambda: fc.cliff_figure(t.get("cliff_curves"), t.get("cliffs")),
-                                cliff_caption, why("cliff")))
+                                cliff_caption, why("cliff")),
+                            scaling_findings_html(s))
         body = [
             h.section("run", "What was run", h.paragraph(
                 f"{s['n_records']} cell records over {s['n_instances']} instances"

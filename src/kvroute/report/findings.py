@@ -117,8 +117,7 @@ def length_sentence(row: dict[str, Any]) -> str:
 
 
 def findings(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(label, sentence)`` pairs: the cliffs per (model, press, regime), then per model its probe and consensus,
-    then how the cliff moves with context length and with model size."""
+    """``(label, sentence)`` pairs: the cliffs per (model, press, regime), then per model its probe and consensus."""
     rows = summary.get("headline") or []
     regimes = len({r.get("regime") for r in rows}) > 1
     out = []
@@ -130,6 +129,12 @@ def findings(summary: dict[str, Any]) -> list[tuple[str, str]]:
         for s in (identity_sentence([r for r in rows if r["model"] == model]), consensus_sentence(trend, model)):
             if s:
                 out.append((str(model), s))
+    return out
+
+
+def scaling_findings(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(label, sentence)`` pairs: how the cliff moves with context length and with model size."""
+    out = []
     for r in summary.get("length_verdicts") or []:
         out.append((f"α* against context length · {r.get('model')} · {r.get('press')}", length_sentence(r)))
     for r in summary.get("size_trends") or []:
@@ -150,3 +155,16 @@ def findings_html(summary: dict[str, Any]) -> str:
            f"the largest ratio whose H stays within δ = {settings.get('delta', 0.05):g} of the uncompressed one; OR: "
            "odds of hallucinating per +0.1 GER (answer evicted from more heads) at the same ratio.")
     return f'<ul class="findings">{lis}</ul><p class="meta">{h.esc(key)}</p>'
+
+
+def scaling_findings_html(summary: dict[str, Any]) -> str:
+    """How the cliff moves with context length and model size, as an HTML list (shown below the cliff figure);
+    empty when the run has neither several lengths nor several sized models."""
+    items = scaling_findings(summary)
+    if not items:
+        return ""
+    lis = "".join(f"<li><strong>{h.esc(label)}</strong>: {h.esc(text)}</li>" for label, text in items)
+    return ('<h3>How the cliff moves</h3><ul class="findings">' + lis + "</ul>"
+            '<p class="meta">Sections 2 and 2b: the length law (β, the elasticity of the critical kept budget with '
+            "the context length) and the size trend (logit α* against log10 parameters, projected beyond the "
+            "largest model measured).</p>")

@@ -54,7 +54,9 @@ class Plan:
         return {"cells": self.cells, "units": len(self.units), "cells_per_unit": per_unit,
                 "models": [m.name for m in c.models], "instances": self.instances, "presses": list(c.presses),
                 "ratios": list(c.ratios), "restore": list(c.restore), "regimes": list(c.regimes),
-                "seeds": list(c.seeds)}
+                "seeds": list(c.seeds),
+                "retrieval_heads": ({m.name: len(m.retrieval_heads or ()) for m in c.models}
+                                    if c.retrieval_heads is not None else None)}
 
 
 @dataclass
