@@ -67,7 +67,8 @@ def test_size_and_length_findings_state_the_verdict_and_the_projection_against_t
              "pred_3B_has_paper": False, "pred_14B": 0.75, "pred_14B_low": 0.55, "pred_14B_high": 0.92,
              "pred_14B_has_paper": True}
     text = size_sentence(trend)
-    assert text.startswith("no detectable trend over 3 models, slope 0.12 logit α* per tenfold parameters [-0.30, 0.50]")
+    assert text.startswith("no detectable trend over 3 models, slope 0.12 logit α* per tenfold parameters "
+                           "[-0.30, 0.50]")
     assert "projected α* at 14B: 0.75 [0.55, 0.92], an interval that holds the paper's 0.9" in text
     undecided = size_sentence({"verdict": "cannot decide", "n_models": 1, "slope": None, "pred_3B": None})
     assert undecided == "cannot decide over 1 models"

@@ -310,19 +310,7 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
     presses_raw = _list(data, "presses", w, default=None if compressed else ())
     presses = [_press(p, i, w) for i, p in enumerate(presses_raw)]
     _unique([canon for _, canon in presses], "presses (as canonical names)", w)
-    restore = []
-    for i, r in enumerate(_list(data, "restore", w, default=(), empty_ok=True)):
-        if not isinstance(r, str) or not r:
-            raise w.error(f"restore[{i}]", "must be a restore condition such as \"answer\" or "
-                          "\"answer@layers:late\"", r)
-        try:
-            restore.append(str(Restore.parse(r)))
-        except KvrouteError as e:
-            raise w.error(f"restore[{i}]", str(e), r) from None
-    _unique(restore, "restore (as canonical conditions)", w)
-    if restore and not compressed:
-        raise w.error("restore", "needs compressed cells (a ratio above 0): a restore puts entries back into a "
-                      "press's mask")
+    restore = _restores(data, w, compressed)
     heads_from = _retrieval_source(data, restore, w, base_dir)
     if heads_from is not None:
         models = _with_retrieval_heads(models, heads_from, w)
@@ -351,6 +339,24 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
                        restore=tuple(restore), retrieval_heads=None if heads_from is None else str(heads_from),
                        regimes=tuple(regimes), seeds=tuple(seeds), settings=settings,
                        ray=_ray(data.get("ray", {}), w), name=name, source=source)
+
+
+def _restores(data: Mapping[str, Any], w: _Where, compressed: bool) -> list[str]:
+    """The config's restore conditions, canonical and checked (none when the key is missing or empty)."""
+    restore = []
+    for i, r in enumerate(_list(data, "restore", w, default=(), empty_ok=True)):
+        if not isinstance(r, str) or not r:
+            raise w.error(f"restore[{i}]", "must be a restore condition such as \"answer\" or "
+                          "\"answer@layers:late\"", r)
+        try:
+            restore.append(str(Restore.parse(r)))
+        except KvrouteError as e:
+            raise w.error(f"restore[{i}]", str(e), r) from None
+    _unique(restore, "restore (as canonical conditions)", w)
+    if restore and not compressed:
+        raise w.error("restore", "needs compressed cells (a ratio above 0): a restore puts entries back into a "
+                      "press's mask")
+    return restore
 
 
 def _retrieval_source(data: Mapping[str, Any], restore: list[str], w: _Where, base_dir: Path | None) -> Path | None:
