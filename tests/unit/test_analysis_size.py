@@ -96,3 +96,23 @@ def test_target_labels(n, label):
 def test_zoo_parameter_counts_are_the_loaded_ones():
     p = zoo_params()
     assert p["smollm2-135m"] == 134_515_008 and p["qwen2.5-1.5b"] == 1_777_088_000
+
+
+def test_families_pool_only_when_every_model_ran_the_same_instances():
+    truth = {m: 0.7 + 0.05 * i for i, m in enumerate(PARAMS)}
+    models = tuple(SyntheticModel(m, 4, 2, "llama", truth[m] - 0.7) for m in PARAMS)
+    spec = SyntheticSpec(models=models, presses=("snapkv",), press_offsets=(0.0,), families=("base", "hops"),
+                         long_context_lengths=(), n_instances=30, ratios=RATIOS, base_alpha_star=0.7, k=60.0,
+                         lo=0.02, hi=0.95, noise=0.1)
+    df = synthetic_records(spec)
+    by_model, trends = cliff_vs_size(df, PARAMS, n_boot=100)
+    assert set(trends["family"]) == {"base", "hops", "all"}
+    pooled = trends.set_index("family").loc["all"]
+    assert pooled["joint"] and pooled["verdict"] == "rises with size"
+    assert (by_model[by_model["family"] == "all"]["n_instances"] == 60).all()
+    # a model that ran other instances: its pooled curve would compare another family mix
+    other = df[df["model"] == "l"].assign(instance_id=lambda d: d["instance_id"] + "-x")
+    _, trends = cliff_vs_size(pd.concat([df[df["model"] != "l"], other]), PARAMS, n_boot=100)
+    pooled = trends.set_index("family").loc["all"]
+    assert pooled["verdict"] == "cannot decide" and "different instances" in pooled["reason"]
+    assert trends.set_index("family").loc["base", "verdict"] == "rises with size"  # per family: still decided

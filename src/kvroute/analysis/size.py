@@ -4,9 +4,10 @@ The paper reports its cliff near α ≈ 0.9 on 3–14B models. Smaller models ca
 question a user asks of a sweep over several sizes is whether α* rises with the parameter count N and,
 if so, where the trend puts a 3B, 7B or 14B model.
 
-Per (press, regime, family) — one task family at a time: families differ in difficulty, so a curve that
-pools them would compare family mixes, not sizes; the long-context family is left to
-:mod:`kvroute.analysis.context` — each model's cliff is fitted exactly as :mod:`kvroute.analysis.cliff`
+Per (press, regime, family) — each task family, and the families pooled (``family = "all"``) when every model ran
+the same instances, so that the pooled curves compare one family mix (with different instance sets the pooled
+row says so and gives no trend); the long-context family is left to :mod:`kvroute.analysis.context` — each
+model's cliff is fitted exactly as :mod:`kvroute.analysis.cliff`
 fits it (same sigmoid, same edge rules). Across models:
 
 * trend: the least-squares line of ``logit(α*)`` on ``log10 N`` (the logit keeps every prediction
@@ -34,7 +35,7 @@ import pandas as pd
 
 from kvroute.analysis.bootstrap import instance_matrix, percentile_interval, resample_weights
 from kvroute.analysis.cliff import CurveResult, alpha_star_interval, analyse_matrix
-from kvroute.analysis.common import AnalysisError, as_key, attach_baseline, group_seed, require_columns
+from kvroute.analysis.common import ALL, AnalysisError, as_key, attach_baseline, group_seed, pooled, require_columns
 from kvroute.analysis.sigmoid import MIN_AMPLITUDE, OK
 
 #: the paper's cliff on 3–14B models (its abstract: "near 90% compression")
@@ -103,6 +104,8 @@ def cliff_vs_size(df: pd.DataFrame, params: Mapping[str, int] | None = None, *, 
     require_columns(data, [value_col, "model", "instance_id", *keys], "α* against model size")
     if "family" in data.columns:
         data = data[~data["family"].isin(list(exclude_families))]
+        if "family" in keys:
+            data = pooled(data)  # family "all": every model's curve over the same family mix (checked below)
     rows: list[dict] = []
     trends: list[dict] = []
     for key, grp in data.groupby(keys, sort=True):
@@ -126,6 +129,13 @@ def cliff_vs_size(df: pd.DataFrame, params: Mapping[str, int] | None = None, *, 
             continue
         id_sets = [tuple(v[0]) for v in mats.values()]
         joint = all(s == id_sets[0] for s in id_sets)
+        if k.get("family") == ALL and not joint:
+            trends.append({**k, **_trend({}, params, confidence=confidence, targets=targets, paper_alpha=paper_alpha,
+                                         min_models=min_models, min_valid=min_valid), "joint": False,
+                           "verdict": "cannot decide",
+                           "reason": "the models ran different instances, so their pooled curves compare family "
+                                     "mixes; read the per-family rows"})
+            continue
         shared = resample_weights(len(id_sets[0]), n_boot, group_seed(seed, ("size", key))) if joint else None
         results: dict[str, CurveResult] = {}
         for m, (ids, ratios, sums, counts) in mats.items():

@@ -134,8 +134,9 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                           why("context_length")),
                       _verdict_table(t.get("length_verdicts"))),
             h.section("size", "2b. α* against model size",
-                      h.paragraph("Per task family (families differ in difficulty, so pooled curves would compare "
-                                  "family mixes), each model's cliff fitted as in section 1, and the least-squares "
+                      h.paragraph("Per task family, and the families pooled ('all') when every model ran the same "
+                                  "instances (else pooled curves would compare family mixes), each model's cliff "
+                                  "fitted as in section 1, and the least-squares "
                                   "line of logit α* on log10 of the parameter count, carried to the paper's 3B, 7B "
                                   "and 14B. Intervals: 95% percentile bootstrap over instances (resampled jointly "
                                   "for all models when they ran the same instances); a replicate counts only when "
