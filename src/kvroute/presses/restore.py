@@ -161,7 +161,6 @@ class Restore:
         keep[li[:, None, None], hi[None, :, None], pos[None, None, :]] = True
         return KeepMask(keep, mask.press, mask.ratio)
 
-
     def _apply_pairs(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], seed: int,
                      consensus: Sequence[int] | None, layers: list[int],
                      retrieval: Sequence[tuple[int, int]] | None) -> KeepMask:
