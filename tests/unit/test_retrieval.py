@@ -55,3 +55,16 @@ def test_too_few_copying_events_give_no_retrieval_heads():
     df.loc[df["press"] == "none", "retrieval_events"] = 4
     assert retrieval_heads(retrieval_scores(df)) == {}
     assert retrieval_vs_ger(df).empty
+
+
+def test_a_sweep_reads_the_same_retrieval_heads_from_records_as_the_analysis():
+    """kvroute.metrics.retrieval.heads_from_records (what restore=…@heads:retrieval uses) and the analysis's scores
+    pick the same heads from the same records, and both refuse too few copying events."""
+    from kvroute.metrics.retrieval import heads_from_records
+
+    df = _planted()
+    records = df.to_dict("records")
+    assert heads_from_records(records)["m"] == retrieval_heads(retrieval_scores(df))["m"]
+    few = _planted(n=1)
+    few.loc[few["press"] == "none", "retrieval_events"] = 4
+    assert heads_from_records(few.to_dict("records")) == {"m": None}

@@ -237,41 +237,51 @@ def test_the_committed_study_configs_are_valid(path):
 
 
 def _heads_run(folder, models=("smollm2-135m", "qwen2.5-0.5b"), events=6):
-    """A records file standing in for a run whose full-cache cells carry the 'retrieval' metric: in every model,
+    """A run store standing in for a sweep whose full-cache cells carry the 'retrieval' metric: in every model,
     (layer 1, query head 2) took part in 3 of the copying events, (0, 0) in none."""
-    path = folder / "heads.jsonl"
-    with path.open("w") as f:
-        for m in models:
-            for i in range(2):
-                hits = [[0, 0, 0], [0, 0, 3 if i == 0 else 0]]
-                f.write(json.dumps({"key": f"{m}-{i}", "model": m, "instance_id": f"i{i}", "press": "none",
-                                    "ratio": 0.0, "regime": "agnostic", "seed": 0, "status": "ok",
-                                    "retrieval_hits": hits, "retrieval_events": events // 2}) + "\n")
+    import shutil
+
+    from kvroute.sweep.store import Store
+
+    path = folder / "heads"
+    shutil.rmtree(path, ignore_errors=True)
+    recs = []
+    for m in models:
+        for i in range(2):
+            hits = [[0.0, 0.0, 0.0], [0.0, 0.0, 3.0 if i == 0 else 0.0]]
+            recs.append({"key": f"{m}-{i}", "model": m, "instance_id": f"i{i}", "press": "none", "ratio": 0.0,
+                         "regime": "agnostic", "seed": 0, "status": "ok", "retrieval_hits": hits,
+                         "retrieval_events": events // 2})
+    with Store.open(path) as store:
+        store.write(recs)
     return path
 
 
 def test_retrieval_head_restoration_reads_each_models_heads_from_another_run(folder):
     _heads_run(folder)
-    text = 'retrieval_heads = "heads.jsonl"\n' + _restore('["answer@heads:retrieval", "answer"]')
+    text = 'retrieval_heads = "heads"\n' + _restore('["answer@heads:retrieval", "answer"]')
     cfg = load_sweep_config(write(folder, text))
     assert [m.retrieval_heads for m in cfg.models] == [((1, 2),), ((1, 2),)]  # score 3/6 ≥ 0.1; (0, 0) scores 0
-    assert cfg.to_dict()["retrieval_heads"].endswith("heads.jsonl")
+    assert cfg.to_dict()["retrieval_heads"].endswith("heads")
     assert cfg.to_dict()["models"][0]["retrieval_heads"] == [[1, 2]]
 
 
 def test_retrieval_head_restoration_without_its_source_is_refused(folder):
     with pytest.raises(ConfigError, match=r"retrieval_heads.*missing; restore condition 'answer@heads:retrieval'"):
         load_sweep_config(write(folder, _restore('["answer@heads:retrieval"]')))
+    (folder / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no run store"):
+        load_sweep_config(write(folder, 'retrieval_heads = "empty"\n' + _restore('["answer@heads:retrieval"]')))
     with pytest.raises(ConfigError, match="no such run directory"):
         load_sweep_config(write(folder, 'retrieval_heads = "nope"\n' + _restore('["answer@heads:retrieval"]')))
     with pytest.raises(ConfigError, match="no restore condition uses @heads:retrieval"):
-        load_sweep_config(write(folder, 'retrieval_heads = "heads.jsonl"\n' + _restore('["answer"]')))
+        load_sweep_config(write(folder, 'retrieval_heads = "heads"\n' + _restore('["answer"]')))
     _heads_run(folder, models=("smollm2-135m",))
     with pytest.raises(ConfigError, match=r"no retrieval scores for 'qwen2.5-0.5b'.*it scored 'smollm2-135m'"):
-        load_sweep_config(write(folder, 'retrieval_heads = "heads.jsonl"\n' + _restore('["answer@heads:retrieval"]')))
+        load_sweep_config(write(folder, 'retrieval_heads = "heads"\n' + _restore('["answer@heads:retrieval"]')))
     _heads_run(folder, events=2)  # fewer copying events than the scores need
     with pytest.raises(ConfigError, match="at least 5 copying events"):
-        load_sweep_config(write(folder, 'retrieval_heads = "heads.jsonl"\n' + _restore('["answer@heads:retrieval"]')))
+        load_sweep_config(write(folder, 'retrieval_heads = "heads"\n' + _restore('["answer@heads:retrieval"]')))
 
 
 def test_metrics_without_utilization_warn_that_no_cliff_can_be_fitted(folder, caplog):

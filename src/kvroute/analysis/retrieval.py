@@ -15,7 +15,6 @@ interval holds 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,10 +22,10 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from kvroute.analysis.common import AnalysisError, require_columns
+from kvroute.metrics.retrieval import MIN_EVENTS, THRESHOLD, RetrievalHeads, select_heads
 
-THRESHOLD = 0.1  # Wu et al.'s retrieval-score cut-off
-MIN_EVENTS = 5  # fewer copying events than this: no scores
-
+__all__ = ["MIN_EVENTS", "THRESHOLD", "RetrievalHeads", "retrieval_heads", "retrieval_scores", "retrieval_survival",
+           "retrieval_vs_ger"]
 
 def retrieval_scores(df: pd.DataFrame) -> pd.DataFrame:
     """Per model and (layer, query head): summed hits, events and the retrieval score."""
@@ -42,22 +41,16 @@ def retrieval_scores(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "layer", "head", "hits", "events", "score"])
 
 
-@dataclass(frozen=True)
-class RetrievalHeads:
-    heads: list[tuple[int, int]]  # (layer, query head) pairs scoring at least the threshold
-    num_heads: int  # query heads per layer
-    events: int  # copying events the scores rest on
-
-
 def retrieval_heads(scores: pd.DataFrame, threshold: float = THRESHOLD) -> dict[str, RetrievalHeads]:
-    """Per model with at least :data:`MIN_EVENTS` copying events: its retrieval heads."""
+    """Per model with at least :data:`MIN_EVENTS` copying events: its retrieval heads
+    (:func:`kvroute.metrics.retrieval.select_heads`, the rule a sweep's ``@heads:retrieval`` uses too)."""
     out = {}
     for model, g in scores.groupby("model", sort=True):
-        events = int(g["events"].iloc[0])
-        if events >= MIN_EVENTS:
-            top = g[g["score"] >= threshold]
-            out[str(model)] = RetrievalHeads([(int(r.layer), int(r.head)) for r in top.itertuples()],
-                                             int(g["head"].max()) + 1, events)
+        hits = np.zeros((int(g["layer"].max()) + 1, int(g["head"].max()) + 1))
+        hits[g["layer"].to_numpy(int), g["head"].to_numpy(int)] = g["hits"].to_numpy(float)
+        rh = select_heads(hits, int(g["events"].iloc[0]), threshold)
+        if rh is not None:
+            out[str(model)] = rh
     return out
 
 

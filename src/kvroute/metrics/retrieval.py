@@ -14,11 +14,51 @@ row of the step that fed token j − 1 (``CellOutput.generated_argmax``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvroute.metrics.base import CellContext, Metric, register
+
+THRESHOLD = 0.1  # Wu et al.'s retrieval-score cut-off
+MIN_EVENTS = 5  # fewer copying events than this: no scores
+
+
+@dataclass(frozen=True)
+class RetrievalHeads:
+    heads: list[tuple[int, int]]  # (layer, query head) pairs scoring at least the threshold
+    num_heads: int  # query heads per layer
+    events: int  # copying events the scores rest on
+
+
+def select_heads(hits: np.ndarray, events: int, threshold: float = THRESHOLD) -> RetrievalHeads | None:
+    """A model's retrieval heads from its summed ``hits [L, H]`` over ``events`` copying events: the heads whose
+    score hits / events is at least ``threshold``; None with fewer than :data:`MIN_EVENTS` events."""
+    if events < MIN_EVENTS:
+        return None
+    hits = np.asarray(hits, dtype=float)
+    layers, heads = np.nonzero(hits / events >= threshold)
+    return RetrievalHeads([(int(a), int(b)) for a, b in zip(layers, heads, strict=True)], int(hits.shape[1]),
+                          int(events))
+
+
+def heads_from_records(records: Iterable[Mapping[str, Any]],
+                       threshold: float = THRESHOLD) -> dict[str, RetrievalHeads | None]:
+    """Per model with full-cache records carrying this metric: its retrieval heads (None: too few events)."""
+    hits: dict[str, np.ndarray] = {}
+    events: dict[str, int] = {}
+    for r in records:
+        h = r.get("retrieval_hits")
+        if r.get("press") != "none" or h is None or r.get("status", "ok") != "ok":
+            continue
+        m = str(r["model"])
+        arr = np.asarray(h, dtype=float)
+        hits[m] = hits[m] + arr if m in hits else arr
+        events[m] = events.get(m, 0) + int(r.get("retrieval_events") or 0)
+    return {m: select_heads(hits[m], events[m], threshold) for m in hits}
 
 
 def retrieval_hits(tokens: list[int], first: torch.Tensor, steps: torch.Tensor | None, context_ids: list[int],

@@ -378,18 +378,20 @@ def _retrieval_source(data: Mapping[str, Any], restore: list[str], w: _Where, ba
     if not p.is_absolute() and base_dir is not None and not p.exists():
         p = base_dir / p
     if not p.exists():
-        raise w.error("retrieval_heads", "no such run directory or records file", v)
+        raise w.error("retrieval_heads", "no such run directory", v)
     return p
 
 
 def _with_retrieval_heads(models: tuple[ModelSpec, ...], run: Path, w: _Where) -> tuple[ModelSpec, ...]:
-    """Each model with its retrieval heads as scored on the full-cache cells of ``run``."""
-    from kvroute.analysis.load import load_records
-    from kvroute.analysis.retrieval import MIN_EVENTS, THRESHOLD, retrieval_heads, retrieval_scores
+    """Each model with its retrieval heads as scored on the full-cache cells of the run directory ``run``."""
+    from kvroute.metrics.retrieval import MIN_EVENTS, THRESHOLD, heads_from_records
+    from kvroute.sweep.store import STORE_NAME, read_records
 
+    if not (run / STORE_NAME).is_file():
+        raise w.error("retrieval_heads", f"{run} holds no run store ({STORE_NAME}); name the run directory of a "
+                      "sweep with the 'retrieval' metric", str(run))
     try:
-        df = load_records(run)
-        heads = retrieval_heads(retrieval_scores(df))
+        heads = {m: rh for m, rh in heads_from_records(read_records(run)).items() if rh is not None}
     except KvrouteError as e:
         raise w.error("retrieval_heads", f"{run}: {e}") from None
     missing = [m.name for m in models if m.name not in heads]
