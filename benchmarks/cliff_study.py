@@ -107,8 +107,8 @@ def _sessions(run: Path) -> list[str]:
             i = argv.index("--out")
             del argv[i:i + 2]
         args = " ".join(Path(a).name if a.endswith(".toml") else a for a in argv)
-        out.append(f"- `{run.name}`: {minutes:.1f} min, {sess.get('cells_computed')} cells, {sess.get('status')}: "
-                   f"`{args}`")
+        took = "–" if minutes != minutes else f"{minutes:.1f} min"
+        out.append(f"- `{run.name}`: {took}, {sess.get('cells_computed')} cells, {sess.get('status')}: `{args}`")
     return out
 
 
@@ -132,7 +132,10 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
     lines += ["## α* per model, family and press", "",
               "The fitted sigmoid midpoint of H(α) with its 95% bootstrap interval over instances (the report's "
               "section 2b; long_context is in the next table). H(0): the full cache's hallucination rate.", ""]
-    rows = [dict(r, ci=_interval(r.get("alpha_star_low"), r.get("alpha_star_high")))
+    from kvroute.analysis.size import target_label
+
+    rows = [dict(r, ci=_interval(r.get("alpha_star_low"), r.get("alpha_star_high")),
+                 params=target_label(r["params"]) if r.get("params") else None)
             for r in summary.get("size_cliffs") or []]
     lines += _table(rows, [("family", "family"), ("press", "press"), ("model", "model"), ("params", "parameters"),
                            ("n_instances", "n"), ("h0", "H(0)"), ("alpha_star", "α*"), ("ci", "95% CI"),
