@@ -1,7 +1,7 @@
 """Where the cliff sits and why, on this machine: model size, context length and causal restoration.
 
 The study configs (benchmarks/configs/size_study.toml, length_study.toml) at a size a 2-core CPU runs in about an
-hour and a half: the same presses and ratios, fewer instances per cell (8 per family; 8 per length, 4 at 4,096
+two hours: the same presses and ratios, fewer instances per cell (8 per family; 8 per length, 4 at 4,096
 tokens), and only the metrics the cliff and the restoration table need (retention, utilization). One run
 directory, filled phase by phase with ``kvroute sweep --resume`` (same settings throughout, so the phases add
 cells to one store; a killed phase resumes where it stopped):
@@ -14,7 +14,9 @@ cells to one store; a killed phase resumes where it stopped):
 4. ``restore``: qwen2.5-0.5b × base (the first 8 instances of phase 1), every compressed cell also restored:
    answer, evidence, random (the null), answer in each third of the layers, answer in the retrieval heads only,
    and random tokens in the retrieval heads (their null);
-5. ``large``: qwen2.5-1.5b × base, hops, knowledge (n = 8 each).
+5. ``large``: qwen2.5-1.5b × base, hops, knowledge (n = 8 each);
+6. ``large_length``: qwen2.5-1.5b × long_context at ~2,048 tokens (n = 8): α* beside qwen2.5-0.5b's at the same
+   length (one length: no length law for this model).
 
 Then ``kvroute report`` on the run, and results/cliff_study.md from its summary: α* per (model, family, press)
 with intervals, the size trend and its projection to 3B/7B/14B beside the paper's 0.9, α* against context length
@@ -44,7 +46,8 @@ HEAD_TASKS = ('--set=tasks=[{family="base",difficulty=1,n=16,seed=1},{family="ho
               '{family="knowledge",difficulty=1,n=16,seed=1}]')
 RESTORE = ('--set=restore=["answer","evidence","random","answer@layers:early","answer@layers:middle",'
            '"answer@layers:late","answer@heads:retrieval","random@heads:retrieval"]')
-PHASES = ("size", "length", "heads", "restore", "large")
+PHASES = ("size", "length", "heads", "restore", "large", "large_length")
+LONG2K = '--set=tasks=[{family="long_context",n=8,target_tokens=2048}]'
 KVROUTE = str(Path(sys.executable).parent / "kvroute")  # the CLI of this environment
 
 
@@ -59,6 +62,7 @@ def phase_args(name: str, out: Path, heads: Path) -> list[str]:
         "restore": [size, "--out", str(out), METRICS, '--set=models=["qwen2.5-0.5b"]', BASE8, RESTORE,
                     f"--set=retrieval_heads={heads}"],
         "large": [size, "--out", str(out), METRICS, NO_RESTORE, '--set=models=["qwen2.5-1.5b"]'],
+        "large_length": [length, "--out", str(out), METRICS, '--set=models=["qwen2.5-1.5b"]', LONG2K],
     }[name]
 
 
@@ -115,7 +119,7 @@ def _sessions(run: Path) -> list[str]:
 def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str]:
     """results/cliff_study.md's body from the run's summary.json and its restoration table."""
     from kvroute.analysis.load import load_records
-    from kvroute.analysis.restoration import restoration_table
+    from kvroute.analysis.restoration import pooled_restoration
 
     summary = json.loads((out / "report" / "summary.json").read_text())
     df = load_records(out, with_restored=True)
@@ -155,7 +159,7 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
                             ("slope_ci", "95% CI"), ("p3B", "α* at 3B"), ("p7B", "α* at 7B"), ("p14B", "α* at 14B"),
                             ("pred_14B_has_paper", "14B interval holds 0.9"), ("boot_valid", "replicates used"),
                             ("verdict", "verdict")])
-    lines += ["", "## α* against context length (qwen2.5-0.5b, long_context)", ""]
+    lines += ["", "## α* against context length (long_context)", ""]
     lrows = [dict(r, ci=_interval(r.get("alpha_star_low"), r.get("alpha_star_high")),
                   bci=_interval(r.get("budget_star_low"), r.get("budget_star_high")))
              for r in summary.get("length_cliffs") or []]
@@ -167,25 +171,17 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
              for r in summary.get("length_verdicts") or []]
     lines += _table(vrows, [("model", "model"), ("press", "press"), ("n_lengths", "lengths fitted"),
                             ("beta", "β (0 fixed budget, 1 fixed ratio)"), ("bci", "95% CI"), ("verdict", "verdict")])
-    lines += ["", "## Causal restoration (qwen2.5-0.5b, base)", "",
+    lines += ["", "## Causal restoration (base)", "",
               "Among the failures compression caused (the instance's full cache answered correctly), the share the "
-              "restored cell answers correctly; Wilson 95% intervals; all failure classes and presses pooled per "
-              "(condition, ratio). The retrieval heads come from the full caches of other instances "
+              "restored cell answers correctly; all failure classes and the four presses pooled per "
+              "(condition, ratio), so one instance gives up to four failures: the 95% interval is a bootstrap over "
+              "instances (2,000 replicates). The retrieval heads come from the full caches of other instances "
               f"(`{heads}`).", ""]
-    rt = restoration_table(df)
-    if not rt.empty:
-        from kvroute.analysis.common import wilson
-
-        pooled = rt[rt["class"] == "all"]
-        agg = pooled.groupby(["restore", "ratio"], sort=True)[["failures", "repaired"]].sum().reset_index()
-        rrows = []
-        for r in agg.itertuples():
-            lo, hi = wilson(int(r.repaired), int(r.failures))
-            rrows.append({"restore": r.restore, "ratio": r.ratio, "failures": int(r.failures),
-                          "repaired": int(r.repaired), "share": r.repaired / r.failures if r.failures else None,
-                          "ci": _interval(lo, hi) if r.failures else "–"})
-        lines += _table(rrows, [("restore", "condition"), ("ratio", "α"), ("failures", "failures"),
-                                ("repaired", "repaired"), ("share", "share"), ("ci", "Wilson 95%")])
+    pooled = pooled_restoration(df, by=["model", "restore", "ratio"])
+    rrows = [dict(r, ci=_interval(r["low"], r["high"])) for r in pooled.to_dict("records")]
+    lines += _table(rrows, [("model", "model"), ("restore", "condition"), ("ratio", "α"),
+                            ("n_instances", "instances"), ("failures", "failures"), ("repaired", "repaired"),
+                            ("share", "share"), ("ci", "95% CI")])
     return lines
 
 

@@ -162,3 +162,22 @@ def test_consensus_positions_are_each_layers_most_shared_argmax_after_the_sinks(
         Restore.parse("consensus").apply(_mask(L=2, T=10), answer=[], evidence=[])
     with pytest.raises(EngineError, match="none after the first 4"):
         consensus_positions(rows[..., :4], T=4)
+
+
+def test_pooled_restoration_resamples_instances_not_pairs():
+    from kvroute.analysis.common import wilson
+    from kvroute.analysis.restoration import pooled_restoration
+
+    one = _records()
+    two = pd.concat([one, one[one["press"] == "p"].assign(press="q")], ignore_index=True)  # the same pairs twice
+    t = pooled_restoration(two, n_boot=2000).set_index("restore")
+    assert (t.loc["answer", "failures"], t.loc["answer", "repaired"], t.loc["answer", "n_instances"]) == (20, 14, 10)
+    assert t.loc["answer", "share"] == pytest.approx(0.7) and t.loc["random", "repaired"] == 0
+    # each instance's two pairs move together: the interval is as wide as ten pairs', wider than Wilson's on 20
+    lo, hi = t.loc["answer", ["low", "high"]]
+    w_lo, w_hi = wilson(14, 20)
+    assert hi - lo > (w_hi - w_lo) * 1.1 and lo < 0.7 < hi
+    per_press = pooled_restoration(two, by=["press", "restore"]).set_index(["press", "restore"])
+    table = restoration_table(one).set_index(["restore", "class"])
+    assert per_press.loc[("p", "answer"), "repaired"] == table.loc[("answer", "all"), "repaired"]
+    assert pooled_restoration(one.query("restore.isna()")).empty

@@ -9,12 +9,18 @@ many the restoration repaired (the restored cell's outcome is ``correct``) with 
 per instance, so pairs are independent. ``restore=answer`` repairing erasures is the causal reading of
 "erasure"; a retained failure that ``restore=evidence`` does not
 repair is rigidity-like; ``restore=random`` (as many other tokens) is the null.
+
+:func:`pooled_restoration` pools presses (or any other keys) per (model, condition, ratio): several pairs then
+come from one instance, so its interval is a percentile bootstrap over instances, not Wilson's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
+from kvroute.analysis.bootstrap import bootstrap_ci
 from kvroute.analysis.common import AnalysisError, require_columns, wilson
 from kvroute.analysis.decomposition import failure_classes, failure_mask
 from kvroute.analysis.load import split_restored
@@ -23,14 +29,12 @@ PAIR_KEYS = ["model", "instance_id", "press", "ratio", "regime", "seed"]
 GROUP_KEYS = ["model", "press", "ratio", "restore"]
 
 
-def restoration_table(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.DataFrame:
-    """Per (model, press, ratio, restore condition, failure class of the base cell): base failures, repaired,
-    the repaired share and its Wilson 95% interval; class ``all`` sums the classes. Empty without restored
-    cells."""
+def restoration_pairs(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.DataFrame:
+    """One row per (restored cell, its failed base cell): the :data:`PAIR_KEYS`, ``restore``, the base cell's
+    failure ``class`` and ``repaired`` (the restored cell answers correctly). Empty without restored cells."""
     main, restored = split_restored(df)
-    cols = [*GROUP_KEYS, "class", "failures", "repaired", "share", "low", "high"]
     if restored.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=[*PAIR_KEYS, "restore", "outcome", "class", "repaired"])
     require_columns(df, [*PAIR_KEYS, "outcome"], "the restoration table")
     base = main[main["ratio"] > 0].copy()
     full = main[main["press"] == "none"]
@@ -44,6 +48,17 @@ def restoration_table(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.Dat
     base = base[base["class"].isin(["erasure", "retained", "undefined", "unclassified"])]
     pairs = restored[[*PAIR_KEYS, "restore", "outcome"]].merge(base[[*PAIR_KEYS, "class"]], on=PAIR_KEYS)
     pairs["repaired"] = pairs["outcome"].eq("correct")
+    return pairs
+
+
+def restoration_table(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.DataFrame:
+    """Per (model, press, ratio, restore condition, failure class of the base cell): base failures, repaired,
+    the repaired share and its Wilson 95% interval; class ``all`` sums the classes. Empty without restored
+    cells."""
+    cols = [*GROUP_KEYS, "class", "failures", "repaired", "share", "low", "high"]
+    pairs = restoration_pairs(df, ger_threshold=ger_threshold)
+    if pairs.empty:
+        return pd.DataFrame(columns=cols)
     rows = []
     for keys, g in pairs.groupby(GROUP_KEYS, sort=True):
         for cls, part in [*g.groupby("class", sort=True), ("all", g)]:
@@ -52,3 +67,24 @@ def restoration_table(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.Dat
             rows.append({**dict(zip(GROUP_KEYS, keys, strict=True)), "class": cls, "failures": n, "repaired": k,
                          "share": k / n if n else float("nan"), "low": lo, "high": hi})
     return pd.DataFrame(rows, columns=cols)
+
+
+def pooled_restoration(df: pd.DataFrame, by: Sequence[str] = ("model", "restore", "ratio"), *,
+                       ger_threshold: float = 1.0, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The repaired share of the failures compression caused per group of ``by`` (presses pooled by default),
+    with a 95% percentile bootstrap interval over instances (an instance's pairs are resampled together).
+
+    Columns: ``by``, ``failures``, ``repaired``, ``share``, ``low``, ``high``, ``n_instances``.
+    """
+    by = list(by)
+    cols = [*by, "failures", "repaired", "share", "low", "high", "n_instances"]
+    pairs = restoration_pairs(df, ger_threshold=ger_threshold)
+    if pairs.empty:
+        return pd.DataFrame(columns=cols)
+    ci = bootstrap_ci(pairs.assign(repaired=pairs["repaired"].astype(float)), "repaired", by, n_boot=n_boot,
+                      seed=seed)
+    counts = pairs.groupby(by, sort=True)["repaired"].agg(failures="count", repaired="sum").reset_index()
+    out = counts.merge(ci, on=by)
+    out = out.rename(columns={"mean": "share", "ci_low": "low", "ci_high": "high"})
+    out["repaired"] = out["repaired"].astype(int)
+    return out[cols]
