@@ -91,6 +91,11 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> list[str]:
     return out
 
 
+def _tokens(v: object) -> object:
+    """A token count rounded to a whole token (None stays None)."""
+    return round(v) if isinstance(v, float) and v == v else v
+
+
 def _interval(lo: object, hi: object) -> str:
     return f"[{_fmt(lo)}, {_fmt(hi)}]" if lo is not None or hi is not None else "not identified"
 
@@ -116,6 +121,17 @@ def _sessions(run: Path) -> list[str]:
     return out
 
 
+def _length_baseline(base: object) -> dict[tuple[str, int], float]:
+    """H(0) of the long_context instances per (model, length bin), binned as the length analysis bins them."""
+    from kvroute.analysis.context import LONG_CONTEXT, length_bins
+
+    full = base[(base["family"] == LONG_CONTEXT) & (base["ratio"] == 0)].copy()  # type: ignore[index]
+    if full.empty:
+        return {}
+    full["T"] = length_bins(full["context_tokens"])
+    return {(m, int(t)): float(v) for (m, t), v in full.groupby(["model", "T"])["hallucinated"].mean().items()}
+
+
 def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str]:
     """results/cliff_study.md's body from the run's summary.json and its restoration table."""
     from kvroute.analysis.load import load_records
@@ -123,6 +139,8 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
 
     summary = json.loads((out / "report" / "summary.json").read_text())
     df = load_records(out, with_restored=True)
+    if "restore" not in df:  # no restore phase yet
+        df["restore"] = None
     base = df[df["restore"].isna()]
     lines = [f"One run directory, `{out}` ({len(base)} cells of the presses' own masks, "
              f"{int(df['restore'].notna().sum())} restored cells); the report is `kvroute report {out}`."]
@@ -135,7 +153,9 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
         f"{r.model} {r.family} {r.n}" for r in counts.itertuples()) + ".", ""]
     lines += ["## α* per model, family and press", "",
               "The fitted sigmoid midpoint of H(α) with its 95% bootstrap interval over instances (the report's "
-              "section 2b; long_context is in the next table). H(0): the full cache's hallucination rate.", ""]
+              "section 2b; long_context is in the next table). H(0): the full cache's hallucination rate. An end "
+              "shown as – is not identified (too many replicates past the grid's edge); family `all` pools the "
+              "families, given only when every model ran the same instances.", ""]
     from kvroute.analysis.size import target_label
 
     rows = [dict(r, ci=_interval(r.get("alpha_star_low"), r.get("alpha_star_high")),
@@ -161,9 +181,13 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
                             ("verdict", "verdict")])
     lines += ["", "## α* against context length (long_context)", ""]
     lrows = [dict(r, ci=_interval(r.get("alpha_star_low"), r.get("alpha_star_high")),
-                  bci=_interval(r.get("budget_star_low"), r.get("budget_star_high")))
+                  budget_star=_tokens(r.get("budget_star")),
+                  bci=_interval(_tokens(r.get("budget_star_low")), _tokens(r.get("budget_star_high"))))
              for r in summary.get("length_cliffs") or []]
-    lines += _table(lrows, [("model", "model"), ("press", "press"), ("T", "T"), ("n_instances", "n"),
+    h0 = _length_baseline(base)
+    for r in lrows:
+        r["h0"] = h0.get((r["model"], r["T"]))
+    lines += _table(lrows, [("model", "model"), ("press", "press"), ("T", "T"), ("n_instances", "n"), ("h0", "H(0)"),
                             ("alpha_star", "α*"), ("ci", "95% CI"), ("budget_star", "budget* (tokens)"),
                             ("bci", "95% CI"), ("status", "fit")])
     lines += [""]
@@ -174,8 +198,10 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
     lines += ["", "## Causal restoration (base)", "",
               "Among the failures compression caused (the instance's full cache answered correctly), the share the "
               "restored cell answers correctly; all failure classes and the four presses pooled per "
-              "(condition, ratio), so one instance gives up to four failures: the 95% interval is a bootstrap over "
-              "instances (2,000 replicates). The retrieval heads come from the full caches of other instances "
+              "(condition, ratio), so one instance gives up to four failures: the 95% interval is Wilson's on the "
+              "failures over their design effect across instances (never narrower than Wilson's on the failures, "
+              "never wider than Wilson's on the instances; `kvroute.analysis.restoration.pooled_restoration`). "
+              "The retrieval heads come from the full caches of other instances "
               f"(`{heads}`).", ""]
     pooled = pooled_restoration(df, by=["model", "restore", "ratio"])
     rrows = [dict(r, ci=_interval(r["low"], r["high"])) for r in pooled.to_dict("records")]

@@ -164,20 +164,33 @@ def test_consensus_positions_are_each_layers_most_shared_argmax_after_the_sinks(
         consensus_positions(rows[..., :4], T=4)
 
 
-def test_pooled_restoration_resamples_instances_not_pairs():
+def test_pooled_restoration_counts_an_instances_pairs_as_correlated():
     from kvroute.analysis.common import wilson
     from kvroute.analysis.restoration import pooled_restoration
 
     one = _records()
     two = pd.concat([one, one[one["press"] == "p"].assign(press="q")], ignore_index=True)  # the same pairs twice
-    t = pooled_restoration(two, n_boot=2000).set_index("restore")
+    t = pooled_restoration(two).set_index("restore")
     assert (t.loc["answer", "failures"], t.loc["answer", "repaired"], t.loc["answer", "n_instances"]) == (20, 14, 10)
     assert t.loc["answer", "share"] == pytest.approx(0.7) and t.loc["random", "repaired"] == 0
-    # each instance's two pairs move together: the interval is as wide as ten pairs', wider than Wilson's on 20
-    lo, hi = t.loc["answer", ["low", "high"]]
-    w_lo, w_hi = wilson(14, 20)
-    assert hi - lo > (w_hi - w_lo) * 1.1 and lo < 0.7 < hi
+    # each instance's two pairs agree: the 20 pairs carry the information of 10, not 20
+    assert tuple(t.loc["answer", ["low", "high"]]) == pytest.approx(wilson(7, 10))
+    assert tuple(t.loc["random", ["low", "high"]]) == pytest.approx(wilson(0, 10))  # all alike: one per instance
     per_press = pooled_restoration(two, by=["press", "restore"]).set_index(["press", "restore"])
     table = restoration_table(one).set_index(["restore", "class"])
     assert per_press.loc[("p", "answer"), "repaired"] == table.loc[("answer", "all"), "repaired"]
+    assert tuple(per_press.loc[("p", "answer"), ["low", "high"]]) == pytest.approx(
+        tuple(table.loc[("answer", "all"), ["low", "high"]]))  # one pair per instance: plain Wilson
     assert pooled_restoration(one.query("restore.isna()")).empty
+
+
+def test_clustered_wilson_lies_between_the_pairs_and_the_instances():
+    from kvroute.analysis.common import clustered_wilson, wilson
+
+    # independent-looking clusters (within-cluster variation as large as between): Wilson on the pairs
+    assert clustered_wilson([1, 1, 1, 1, 1, 1], [2] * 6) == pytest.approx(wilson(6, 12))
+    # clusters that disagree wholesale: Wilson on the clusters
+    assert clustered_wilson([2, 2, 2, 0, 0, 0], [2] * 6) == pytest.approx(wilson(3, 6))
+    lo, hi = clustered_wilson([2, 1, 2, 0, 1, 0], [2] * 6)
+    (p_lo, p_hi), (c_lo, c_hi) = wilson(6, 12), wilson(3, 6)
+    assert c_lo <= lo <= p_lo and p_hi <= hi <= c_hi

@@ -149,9 +149,37 @@ def jsonable(obj: Any) -> Any:
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval of a proportion (``z`` = 1.96: 95%); NaN bounds when ``n`` is 0."""
+    return wilson_fraction(successes / n, n, z) if n else (math.nan, math.nan)
+
+
+def clustered_wilson(successes: Sequence[float], trials: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """A Wilson interval for a proportion whose trials come in clusters (several cells of one instance).
+
+    ``successes[i]`` of ``trials[i]`` in cluster ``i``. The binomial sample size is divided by Kish's design
+    effect, estimated from the cluster totals (the ratio estimator's variance over the binomial one) and bounded
+    to [1, mean cluster size] — so the interval is never narrower than Wilson's on the trials (independent) nor
+    wider than Wilson's on the clusters (each instance one observation). When every trial has the same outcome
+    the correlation cannot be estimated and the bound that is honest is taken: one observation per cluster.
+    """
+    y, m = np.asarray(successes, float), np.asarray(trials, float)
+    n, k = float(m.sum()), float(y.sum())
     if n == 0:
         return (math.nan, math.nan)
-    p = successes / n
+    p, clusters = k / n, len(m)
+    top = n / clusters  # the design effect of perfectly correlated clusters
+    if 0 < p < 1 and clusters > 1:
+        var_cluster = clusters / (clusters - 1) * float(((y - p * m) ** 2).sum()) / n**2
+        deff = min(max(var_cluster / (p * (1 - p) / n), 1.0), top)
+    else:
+        deff = top
+    n_eff = n / deff
+    return wilson_fraction(p, n_eff, z)
+
+
+def wilson_fraction(p: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """:func:`wilson` for an observed share ``p`` of a (possibly non-integer, effective) sample size ``n``."""
+    if n <= 0:
+        return (math.nan, math.nan)
     d = 1 + z * z / n
     c = (p + z * z / (2 * n)) / d
     w = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d

@@ -11,7 +11,7 @@ per instance, so pairs are independent. ``restore=answer`` repairing erasures is
 repair is rigidity-like; ``restore=random`` (as many other tokens) is the null.
 
 :func:`pooled_restoration` pools presses (or any other keys) per (model, condition, ratio): several pairs then
-come from one instance, so its interval is a percentile bootstrap over instances, not Wilson's.
+come from one instance, so its Wilson interval counts the failures over their design effect across instances.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from kvroute.analysis.bootstrap import bootstrap_ci
-from kvroute.analysis.common import AnalysisError, require_columns, wilson
+from kvroute.analysis.common import AnalysisError, clustered_wilson, require_columns, wilson
 from kvroute.analysis.decomposition import failure_classes, failure_mask
 from kvroute.analysis.load import split_restored
 
@@ -70,9 +69,10 @@ def restoration_table(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.Dat
 
 
 def pooled_restoration(df: pd.DataFrame, by: Sequence[str] = ("model", "restore", "ratio"), *,
-                       ger_threshold: float = 1.0, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+                       ger_threshold: float = 1.0) -> pd.DataFrame:
     """The repaired share of the failures compression caused per group of ``by`` (presses pooled by default),
-    with a 95% percentile bootstrap interval over instances (an instance's pairs are resampled together).
+    with a 95% Wilson interval whose sample size is the failures over their design effect across instances
+    (:func:`kvroute.analysis.common.clustered_wilson`): an instance's pairs are not independent.
 
     Columns: ``by``, ``failures``, ``repaired``, ``share``, ``low``, ``high``, ``n_instances``.
     """
@@ -81,10 +81,11 @@ def pooled_restoration(df: pd.DataFrame, by: Sequence[str] = ("model", "restore"
     pairs = restoration_pairs(df, ger_threshold=ger_threshold)
     if pairs.empty:
         return pd.DataFrame(columns=cols)
-    ci = bootstrap_ci(pairs.assign(repaired=pairs["repaired"].astype(float)), "repaired", by, n_boot=n_boot,
-                      seed=seed)
-    counts = pairs.groupby(by, sort=True)["repaired"].agg(failures="count", repaired="sum").reset_index()
-    out = counts.merge(ci, on=by)
-    out = out.rename(columns={"mean": "share", "ci_low": "low", "ci_high": "high"})
-    out["repaired"] = out["repaired"].astype(int)
-    return out[cols]
+    rows = []
+    for keys, g in pairs.groupby(by, sort=True):
+        per = g.groupby("instance_id")["repaired"].agg(["sum", "count"])
+        n, k = int(per["count"].sum()), int(per["sum"].sum())
+        lo, hi = clustered_wilson(per["sum"].to_numpy(), per["count"].to_numpy())
+        rows.append({**dict(zip(by, keys if isinstance(keys, tuple) else (keys,), strict=True)), "failures": n,
+                     "repaired": k, "share": k / n, "low": lo, "high": hi, "n_instances": len(per)})
+    return pd.DataFrame(rows, columns=cols)
