@@ -153,6 +153,28 @@ def _qwen_only(base: object) -> list[str]:
             *_table(_trend_rows(trends.to_dict("records")), TREND_COLS)]
 
 
+def _head_counts(heads: Path) -> list[str]:
+    """How many query heads, and (layer, KV head) pairs, restore=…@heads:retrieval restores per model."""
+    from kvroute.analysis.load import load_records
+    from kvroute.metrics.retrieval import heads_from_records
+    from kvroute.models.zoo import ZOO
+    from kvroute.presses.restore import kv_pairs
+
+    if not (heads / "store.sqlite").exists():
+        return []
+    out = []
+    for m, h in sorted(heads_from_records(load_records(heads).to_dict("records")).items()):
+        if h is None:
+            out.append(f"- {m}: too few copying events for retrieval scores")
+            continue
+        e = ZOO.get(m)
+        pairs = kv_pairs(h.heads, h.num_heads, e.kv_heads)
+        out.append(f"- {m}: {len(h.heads)} of {e.layers * h.num_heads} query heads score ≥ 0.1 over {h.events} "
+                   f"copying events; they sit in {len(pairs)} of {e.layers * e.kv_heads} (layer, KV head) "
+                   "pairs, which is what restoring into them puts back")
+    return ["Retrieval heads (from the heads run):", "", *out, ""] if out else []
+
+
 def _length_baseline(base: object) -> dict[tuple[str, int], float]:
     """H(0) of the long_context instances per (model, length bin), binned as the length analysis bins them."""
     from kvroute.analysis.context import LONG_CONTEXT, length_bins
@@ -226,6 +248,7 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
               "never wider than Wilson's on the instances; `kvroute.analysis.restoration.pooled_restoration`). "
               "The retrieval heads come from the full caches of other instances "
               f"(`{heads}`).", ""]
+    lines += _head_counts(heads)
     pooled = pooled_restoration(df, by=["model", "restore", "ratio"])
     rrows = [dict(r, ci=_interval(r["low"], r["high"])) for r in pooled.to_dict("records")]
     lines += _table(rrows, [("model", "model"), ("restore", "condition"), ("ratio", "α"),
