@@ -22,7 +22,7 @@ ORDER = ["load_speed", "equivalence", "grid_speed", "draft_speed", "profile_grid
          "bookkeeping", "planted_truth", "mask_controls", "restore_controls", "paper_plan", "startup"]
 #: collected into RESULTS.md but never run by `make bench`: they need a CUDA device (see each script's doc)
 DEVICE_ONLY = ["gpu_check"]
-#: collected into RESULTS.md, run by hand: about an hour and a half of study sweeps on 2 cores (85 min here) (see its doc)
+#: collected into RESULTS.md, run by hand: 85 min of study sweeps on 2 cores here (see its doc)
 BY_HAND = ["cliff_study"]
 
 
