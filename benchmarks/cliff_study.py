@@ -1,6 +1,6 @@
 """Where the cliff sits and why, on this machine: model size, context length and causal restoration.
 
-The study configs (benchmarks/configs/size_study.toml, length_study.toml) at a size a 2-core CPU runs in about an
+The study configs (benchmarks/configs/size_study.toml, length_study.toml) at a size a 2-core CPU runs in about
 two hours: the same presses and ratios, fewer instances per cell (8 per family; 8 per length, 4 at 4,096
 tokens), and only the metrics the cliff and the restoration table need (retention, utilization). One run
 directory, filled phase by phase with ``kvroute sweep --resume`` (same settings throughout, so the phases add

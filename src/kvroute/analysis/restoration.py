@@ -6,9 +6,9 @@ than ``correct``) where the full cache of that instance answered correctly (the 
 all failures when the records hold no full-cache cells), split by failure class
 (:func:`kvroute.analysis.decomposition.failure_classes`: erasure, retained, undefined), the table gives how
 many the restoration repaired (the restored cell's outcome is ``correct``) with a Wilson interval — one pair
-per instance, so pairs are independent. ``restore=answer`` repairing erasures is the causal reading of
-"erasure"; a retained failure that ``restore=evidence`` does not
-repair is rigidity-like; ``restore=random`` (as many other tokens) is the null.
+per instance, so pairs are independent (with several, the interval allows for it, as below).
+``restore=answer`` repairing erasures is the causal reading of "erasure"; a retained failure that
+``restore=evidence`` does not repair is rigidity-like; ``restore=random`` (as many other tokens) is the null.
 
 :func:`pooled_restoration` pools presses (or any other keys) per (model, condition, ratio): several pairs then
 come from one instance, so its Wilson interval counts the failures over their design effect across instances.
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from kvroute.analysis.common import AnalysisError, clustered_wilson, require_columns, wilson
+from kvroute.analysis.common import AnalysisError, clustered_wilson, require_columns
 from kvroute.analysis.decomposition import failure_classes, failure_mask
 from kvroute.analysis.load import split_restored
 
@@ -52,7 +52,8 @@ def restoration_pairs(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.Dat
 
 def restoration_table(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.DataFrame:
     """Per (model, press, ratio, restore condition, failure class of the base cell): base failures, repaired,
-    the repaired share and its Wilson 95% interval; class ``all`` sums the classes. Empty without restored
+    the repaired share and its Wilson 95% interval (over the failures' design effect across instances when
+    one instance gives several, e.g. several seeds); class ``all`` sums the classes. Empty without restored
     cells."""
     cols = [*GROUP_KEYS, "class", "failures", "repaired", "share", "low", "high"]
     pairs = restoration_pairs(df, ger_threshold=ger_threshold)
@@ -61,10 +62,7 @@ def restoration_table(df: pd.DataFrame, *, ger_threshold: float = 1.0) -> pd.Dat
     rows = []
     for keys, g in pairs.groupby(GROUP_KEYS, sort=True):
         for cls, part in [*g.groupby("class", sort=True), ("all", g)]:
-            n, k = len(part), int(part["repaired"].sum())
-            lo, hi = wilson(k, n)
-            rows.append({**dict(zip(GROUP_KEYS, keys, strict=True)), "class": cls, "failures": n, "repaired": k,
-                         "share": k / n if n else float("nan"), "low": lo, "high": hi})
+            rows.append({**dict(zip(GROUP_KEYS, keys, strict=True)), "class": cls, **_repairs(part)})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -81,11 +79,16 @@ def pooled_restoration(df: pd.DataFrame, by: Sequence[str] = ("model", "restore"
     pairs = restoration_pairs(df, ger_threshold=ger_threshold)
     if pairs.empty:
         return pd.DataFrame(columns=cols)
-    rows = []
-    for keys, g in pairs.groupby(by, sort=True):
-        per = g.groupby("instance_id")["repaired"].agg(["sum", "count"])
-        n, k = int(per["count"].sum()), int(per["sum"].sum())
-        lo, hi = clustered_wilson(per["sum"].to_numpy(), per["count"].to_numpy())
-        rows.append({**dict(zip(by, keys if isinstance(keys, tuple) else (keys,), strict=True)), "failures": n,
-                     "repaired": k, "share": k / n, "low": lo, "high": hi, "n_instances": len(per)})
+    rows = [{**dict(zip(by, keys if isinstance(keys, tuple) else (keys,), strict=True)), **_repairs(g)}
+            for keys, g in pairs.groupby(by, sort=True)]
     return pd.DataFrame(rows, columns=cols)
+
+
+def _repairs(part: pd.DataFrame) -> dict[str, float]:
+    """Failures, repaired, the share and its 95% interval over some pairs: Wilson's, on the failures over their
+    design effect across instances (exactly Wilson's when each instance gives one pair)."""
+    per = part.groupby("instance_id")["repaired"].agg(["sum", "count"])
+    n, k = int(per["count"].sum()), int(per["sum"].sum())
+    lo, hi = clustered_wilson(per["sum"].to_numpy(), per["count"].to_numpy())
+    return {"failures": n, "repaired": k, "share": k / n if n else float("nan"), "low": lo, "high": hi,
+            "n_instances": len(per)}
