@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import environment, write
+from common import environment, fmt_cell, md_table, write
 
 HERE = Path(__file__).parent
 CONFIGS = HERE / "configs"
@@ -74,30 +74,13 @@ def run_phase(name: str, out: Path, heads: Path) -> float:
     return time.perf_counter() - t0
 
 
-def _fmt(v: object, digits: int = 3) -> str:
-    if v is None or (isinstance(v, float) and v != v):
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def _table(rows: list[dict], cols: list[tuple[str, str]]) -> list[str]:
-    out = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        out.append("| " + " | ".join(_fmt(r.get(c)) for c, _ in cols) + " |")
-    return out
-
-
 def _tokens(v: object) -> object:
     """A token count rounded to a whole token (None stays None)."""
     return round(v) if isinstance(v, float) and v == v else v
 
 
 def _interval(lo: object, hi: object) -> str:
-    return f"[{_fmt(lo)}, {_fmt(hi)}]" if lo is not None or hi is not None else "not identified"
+    return f"[{fmt_cell(lo)}, {fmt_cell(hi)}]" if lo is not None or hi is not None else "not identified"
 
 
 def _sessions(run: Path) -> list[str]:
@@ -127,7 +110,7 @@ def _trend_rows(trends: list[dict]) -> list[dict]:
         r = dict(t, slope_ci=_interval(t.get("slope_low"), t.get("slope_high")))
         for lab in ("3B", "7B", "14B"):
             iv = _interval(t.get(f"pred_{lab}_low"), t.get(f"pred_{lab}_high"))
-            r[f"p{lab}"] = f"{_fmt(t.get(f'pred_{lab}'), 2)} {iv}" if t.get(f"pred_{lab}") is not None else "–"
+            r[f"p{lab}"] = f"{fmt_cell(t.get(f'pred_{lab}'), 2)} {iv}" if t.get(f"pred_{lab}") is not None else "–"
         rows.append(r)
     return rows
 
@@ -150,7 +133,7 @@ def _qwen_only(base: object) -> list[str]:
     return ["", "The same fit on the Qwen2.5 models alone (0.5B and 1.5B: one model family, both answering at the "
                 "full cache; with two models the line passes through both points, so its interval reflects the "
                 "instances' sampling only, not scatter about a trend):", "",
-            *_table(_trend_rows(trends.to_dict("records")), TREND_COLS)]
+            *md_table(_trend_rows(trends.to_dict("records")), TREND_COLS)]
 
 
 def _head_counts(heads: Path) -> list[str]:
@@ -215,14 +198,14 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
     rows = [dict(r, ci=_interval(r.get("alpha_star_low"), r.get("alpha_star_high")),
                  params=target_label(r["params"]) if r.get("params") else None)
             for r in summary.get("size_cliffs") or []]
-    lines += _table(rows, [("family", "family"), ("press", "press"), ("model", "model"), ("params", "parameters"),
+    lines += md_table(rows, [("family", "family"), ("press", "press"), ("model", "model"), ("params", "parameters"),
                            ("n_instances", "n"), ("h0", "H(0)"), ("alpha_star", "α*"), ("ci", "95% CI"),
                            ("status", "fit")])
     lines += ["", "## α* against model size: trend and projection", "",
               "Least squares of logit α* on log10 N per (family, press), intervals from a joint bootstrap over "
               "instances (only replicates that identify α* in every model count). An extrapolation beyond the "
               "largest model measured.", ""]
-    lines += _table(_trend_rows(summary.get("size_trends") or []), TREND_COLS)
+    lines += md_table(_trend_rows(summary.get("size_trends") or []), TREND_COLS)
     lines += _qwen_only(base)
     lines += ["", "## α* against context length (long_context)", ""]
     lrows = [dict(r, ci=_interval(r.get("alpha_star_low"), r.get("alpha_star_high")),
@@ -232,13 +215,13 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
     h0 = _length_baseline(base)
     for r in lrows:
         r["h0"] = h0.get((r["model"], r["T"]))
-    lines += _table(lrows, [("model", "model"), ("press", "press"), ("T", "T"), ("n_instances", "n"), ("h0", "H(0)"),
+    lines += md_table(lrows, [("model", "model"), ("press", "press"), ("T", "T"), ("n_instances", "n"), ("h0", "H(0)"),
                             ("alpha_star", "α*"), ("ci", "95% CI"), ("budget_star", "budget* (tokens)"),
                             ("bci", "95% CI"), ("status", "fit")])
     lines += [""]
     vrows = [dict(r, bci=_interval(r.get("beta_low"), r.get("beta_high")))
              for r in summary.get("length_verdicts") or []]
-    lines += _table(vrows, [("model", "model"), ("press", "press"), ("n_lengths", "lengths fitted"),
+    lines += md_table(vrows, [("model", "model"), ("press", "press"), ("n_lengths", "lengths fitted"),
                             ("beta", "β (0 fixed budget, 1 fixed ratio)"), ("bci", "95% CI"), ("verdict", "verdict")])
     lines += ["", "## Causal restoration (base)", "",
               "Among the failures compression caused (the instance's full cache answered correctly), the share the "
@@ -251,7 +234,7 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
     lines += _head_counts(heads)
     pooled = pooled_restoration(df, by=["model", "restore", "ratio"])
     rrows = [dict(r, ci=_interval(r["low"], r["high"])) for r in pooled.to_dict("records")]
-    lines += _table(rrows, [("model", "model"), ("restore", "condition"), ("ratio", "α"),
+    lines += md_table(rrows, [("model", "model"), ("restore", "condition"), ("ratio", "α"),
                             ("n_instances", "instances"), ("failures", "failures"), ("repaired", "repaired"),
                             ("share", "share"), ("ci", "95% CI")])
     return lines

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: environment header, medians, subprocess peak memory."""
+"""Helpers shared by the benchmark scripts: environment header, medians, subprocess peak memory, markdown tables."""
 
 from __future__ import annotations
 
@@ -66,3 +66,21 @@ def status(key):
 def reset_peak():
     open("/proc/self/clear_refs", "w").write("5")
 """
+
+
+def fmt_cell(v: object, digits: int = 3) -> str:
+    """A markdown table cell: "–" for a missing value (None or NaN), yes/no for a bool, ``digits`` decimals."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def md_table(rows: list[dict], cols: list[tuple[str, str]], digits: int = 3) -> list[str]:
+    """A markdown table of ``rows`` with ``cols`` as (key, header) pairs."""
+    out = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(fmt_cell(r.get(k), digits) for k, _ in cols) + " |" for r in rows]
+    return out

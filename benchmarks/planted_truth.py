@@ -16,19 +16,9 @@ import json
 import sys
 import time
 
-from common import RESULTS, environment, write
+from common import RESULTS, environment, fmt_cell, write
 
 from kvroute.analysis.planted import MODULES, all_coverage
-
-
-def _fmt(v: object) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return str(v)
 
 
 def main() -> int:
@@ -55,11 +45,11 @@ def main() -> int:
         cols = keys + extra + ["note"]
         lines += [f"## {name} ({dt:.0f} s)", "", "| " + " | ".join(cols) + " |",
                   "|" + "|".join("---" if c in ("estimator", "parameter", "note") else "---:" for c in cols) + "|"]
-        lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+        lines += ["| " + " | ".join(fmt_cell(r.get(c)) for c in cols) + " |" for r in rows]
         low = [r for r in rows if isinstance(r.get("coverage"), float) and r["coverage"] < 0.9]
         lines += ["", f"{len(rows)} rows, {len(low)} with coverage below 0.90"
-                  + (": " + "; ".join(f"{r['estimator']} at {r['parameter']} = {_fmt(r['truth'])} "
-                                      f"({_fmt(r['coverage'])})" for r in low) if low else "") + ".", ""]
+                  + (": " + "; ".join(f"{r['estimator']} at {r['parameter']} = {fmt_cell(r['truth'])} "
+                                      f"({fmt_cell(r['coverage'])})" for r in low) if low else "") + ".", ""]
         print("\n".join(lines[-len(rows) - 5:]), flush=True)
     if not args.no_write_results:
         write("planted_truth", lines)

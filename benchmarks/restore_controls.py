@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from common import environment, write
+from common import environment, md_table, write
 
 from kvroute.metrics import DEFAULT_METRICS
 
@@ -80,11 +80,7 @@ def checks(rec: pd.DataFrame) -> list[tuple[str, bool | None]]:
 
 
 def _md(df: pd.DataFrame, cols: list[str]) -> list[str]:
-    def fmt(v: object) -> str:
-        return f"{v:.2f}" if isinstance(v, float) else str(v)
-
-    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
-            *["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for _, r in df.iterrows()]]
+    return md_table(df.to_dict("records"), [(c, c) for c in cols], digits=2)
 
 
 def main() -> int:
