@@ -89,12 +89,16 @@ def consensus_sentence(trend_rows: list[dict[str, Any]], model: str) -> str | No
     return None
 
 
+def _interval_of(row: dict[str, Any], name: str) -> str:
+    """The interval of ``row[name]`` from ``row[name + "_low"]`` and ``row[name + "_high"]``, two decimals."""
+    return _ci([row.get(f"{name}_low"), row.get(f"{name}_high")], 2) or "(interval not identified)"
+
+
 def size_sentence(row: dict[str, Any]) -> str:
     """One α*-against-size trend row (``summary["size_trends"]``) in words."""
     text = f"{row.get('verdict')} over {row.get('n_models')} models"
     if row.get("slope") is not None:
-        text += (f", slope {_n(row['slope'], 2)} logit α* per tenfold parameters "
-                 f"{_ci([row.get('slope_low'), row.get('slope_high')], 2) or '(interval not identified)'}")
+        text += f", slope {_n(row['slope'], 2)} logit α* per tenfold parameters {_interval_of(row, 'slope')}"
     preds = [k[5:] for k in row if k.startswith("pred_") and k.count("_") == 1 and row.get(k) is not None]
     if preds:
         lab = preds[-1]
@@ -110,8 +114,7 @@ def length_sentence(row: dict[str, Any]) -> str:
     """One α*-against-context-length verdict row (``summary["length_verdicts"]``) in words."""
     text = f"{row.get('verdict')} over {row.get('n_lengths')} context lengths"
     if row.get("beta") is not None:
-        text += (f", elasticity of the critical budget β = {_n(row['beta'], 2)} "
-                 f"{_ci([row.get('beta_low'), row.get('beta_high')], 2) or '(interval not identified)'} "
+        text += (f", elasticity of the critical budget β = {_n(row['beta'], 2)} {_interval_of(row, 'beta')} "
                  "(0: fixed budget, 1: fixed ratio)")
     return text
 
