@@ -32,6 +32,9 @@ class RunSettings:
     # (kvroute.engine.decode); the tokens are greedy decoding's either way. Off by default: see
     # docs/performance.md, "Draft verification"
     draft: bool = False
+    # forwards with several queries per cell (the question, a draft) attend each cell's kept context entries only,
+    # gathered (kvroute.engine.gather), equal to float32 rounding; False: all T entries, masked
+    gather: bool = True
 
     def __post_init__(self) -> None:
         for m in self.metrics:
@@ -50,4 +53,4 @@ class RunSettings:
         return DecodeSettings(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
                               capture=bool(self.needs & {"attention", "hidden", "argmax"}),
                               argmax="argmax" in self.needs,
-                              attention_memory=self.attention_memory, draft=self.draft)
+                              attention_memory=self.attention_memory, draft=self.draft, gather=self.gather)

@@ -244,6 +244,39 @@ def test_chunked_context_attention_gives_the_same_cells(setup, monkeypatch):
         assert b.gold_logprob == pytest.approx(a.gold_logprob, abs=1e-4)
 
 
+def test_gathered_context_attention_gives_the_same_cells(setup, monkeypatch):
+    """The question forward over each cell's kept entries only (gathered) against all T entries masked: same tokens,
+    and logits, captured rows, gold log-probs and lens readings equal to float32 rounding; the gathered form ran in
+    every layer of the question forward and nowhere else (a decode step has one query)."""
+    import kvroute.engine.attention as attention
+    import kvroute.engine.gather as gather
+
+    queries = []
+
+    def counted(qg, *args, **kwargs):
+        queries.append(kwargs["q"])
+        return gather.gathered_context_attention(qg, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "gathered_context_attention", counted)
+    lm, prompt = setup
+    Q = len(prompt.question_ids)
+    assert Q >= gather.GATHER_MIN_QUERIES  # the question forward gathers by default
+    cells = [Cell(p, r) for p in ("knorm", "expected_attention+adakv", "snapkv[window_size=8]") for r in (0.3, 0.9)]
+    gold = lm.tokenizer.encode(" Ferravik", add_special_tokens=False)
+    kw = dict(gold_ids=gold, lens_ids=gold[:1], lens_seqs=[gold, gold[:1]])
+    masked = Engine(lm, DecodeSettings(max_new_tokens=8, keep_logits=True, gather=False)).run(prompt, cells, **kw)
+    assert queries == []
+    gathered = Engine(lm, DecodeSettings(max_new_tokens=8, keep_logits=True)).run(prompt, cells, **kw)
+    assert queries and set(queries) == {Q + len(gold)}  # the question + gold forward, every layer
+    for a, b in zip([masked.full, *masked.outputs], [gathered.full, *gathered.outputs], strict=True):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(b.last_attention, a.last_attention, atol=1e-5, rtol=0)
+        torch.testing.assert_close(b.lens_logprob, a.lens_logprob, atol=1e-4, rtol=0)
+        torch.testing.assert_close(b.lens_seq_logprob, a.lens_seq_logprob, atol=1e-4, rtol=0)
+        assert b.gold_logprob == pytest.approx(a.gold_logprob, abs=1e-4)
+
+
 def _decode(lm, prompt, masks, *, draft=None, attention_memory=None, **kw):
     from kvroute.engine.decode import decode_cells
     from kvroute.engine.prefill import prefill

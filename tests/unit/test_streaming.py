@@ -32,10 +32,10 @@ def test_chunked_equals_one_shot_with_the_same_captured_rows(B, Hkv, G, q, s, T,
     query = torch.randn(B, Hkv * G, q, D, generator=g)
     key, value = torch.randn(B, Hkv, s, D, generator=g), torch.randn(B, Hkv, s, D, generator=g)
     seen: dict[str, torch.Tensor] = {}
-    one = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("one", r), q - 1),
-                   query, key, value)
+    one = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("one", r), q - 1,
+                                 gather_from=None), query, key, value)
     chunked = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("chunked", r), q - 1,
-                                     context_chunk=chunk), query, key, value)
+                                     context_chunk=chunk, gather_from=None), query, key, value)
     assert chunked.shape == one.shape == (B, q, Hkv * G, D)
     assert torch.allclose(chunked, one, atol=1e-5, rtol=0), (chunked - one).abs().max()
     assert torch.allclose(seen["chunked"], seen["one"], atol=1e-6, rtol=0)

@@ -19,6 +19,7 @@ from torch import nn
 from kvroute.engine import streaming
 from kvroute.engine.attention import MaskedContext, masked_attention
 from kvroute.engine.cache import SuffixCache
+from kvroute.engine.gather import GATHER_MIN_QUERIES
 from kvroute.engine.plan import MemoryShape, plan_batch
 from kvroute.engine.prefill import PrefillResult
 from kvroute.engine.streaming import ATTENTION_SHARE, context_chunk
@@ -43,6 +44,9 @@ class DecodeSettings:
     # bytes the masked attention's transient tensors may take per forward; None: a quarter of the free memory
     # (device memory on CUDA, RAM on the CPU). Past it, the context is attended in chunks (kvroute.engine.streaming)
     attention_memory: int | None = None
+    # forwards with several queries per cell (the question, a draft, the lens sequences) attend each cell's kept
+    # context entries only (kvroute.engine.gather); False: over all T entries, masked (the form before it)
+    gather: bool = True
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -364,7 +368,8 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
         return context_chunk(cells, H, queries, keys, budget)
 
     ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None, capture_query=Q - 1,
-                        context_chunk=chunk(B, Q + G, T + Q + G))
+                        context_chunk=chunk(B, Q + G, T + Q + G), budget=budget,
+                        gather_from=GATHER_MIN_QUERIES if settings.gather else None)
     with masked_attention(model, ctx):
         # 1) question (+ teacher-forced gold answer) for all cells
         ids = torch.tensor([question + gold], device=device).expand(B, -1)

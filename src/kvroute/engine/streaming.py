@@ -37,7 +37,7 @@ def suffix_causal(q: int, G: int, s: int, device: torch.device) -> torch.Tensor:
     return torch.arange(s, device=device)[None, :] > qpos[:, None]
 
 
-def _suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float,
+def suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float,
                    own: torch.Tensor | None = None) -> torch.Tensor:
     """Causal scores of the cells' own suffix tokens, ``[Hkv, B, G·q, s]`` float32 (rows in (g, i) order);
     ``own`` bool ``[B, s]``: the suffix slots each cell may see (None: all)."""
@@ -59,7 +59,7 @@ def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torc
     """
     B, Hkv, R, D = qg.shape
     T = k_ctx.shape[1]
-    s_suf = _suffix_scores(qg, key, q, scale, own)  # [Hkv, B, R, s]
+    s_suf = suffix_scores(qg, key, q, scale, own)  # [Hkv, B, R, s]
     m = s_suf.amax(-1, keepdim=True)  # [Hkv, B, R, 1] running maximum
     e = torch.exp(s_suf - m)
     total = e.sum(-1, keepdim=True)  # running sum of exp

@@ -36,7 +36,8 @@ TOP_KEYS = ("name", "models", "tasks", "presses", "ratios", "restore", "retrieva
 MODEL_KEYS = ("name", "device", "dtype")
 FILE_TASK_KEYS = ("file", "limit")
 SPEC_TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskSpec))
-DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix", "attention_memory", "draft")
+DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix", "attention_memory", "draft",
+                 "gather")
 METRIC_SETTING_KEYS = tuple(f.name for f in dataclasses.fields(MetricSettings))
 RAY_KEYS = ("address", "instances_per_shard", "cpus_per_worker")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
@@ -131,15 +132,16 @@ class SweepConfig:
             "seeds": list(self.seeds), "metrics": list(s.metrics),
             "decoding": {"max_new_tokens": s.max_new_tokens, "batch_size": s.batch_size,
                          "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
-                         "attention_memory": s.attention_memory, "draft": s.draft},
+                         "attention_memory": s.attention_memory, "draft": s.draft,
+                         "gather": s.gather},
             "metric_settings": dataclasses.asdict(s.metric), "ray": dataclasses.asdict(self.ray),
             "settings_hash": self.settings_hash,
         }
 
 
 def settings_hash(s: RunSettings) -> str:
-    """Hash of every setting that changes a record's values (batch size, the attention's memory budget and draft
-    verification do not; kvroute's minor version does)."""
+    """Hash of every setting that changes a record's values (batch size, the attention's memory budget, draft
+    verification and gathering do not; kvroute's minor version does)."""
     payload = {"max_new_tokens": s.max_new_tokens, "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
                "metrics": sorted(s.metrics), "metric": dataclasses.asdict(s.metric),
                "kvroute": ".".join(__version__.split(".")[:2])}
@@ -436,6 +438,10 @@ def _decoding(v: Any, w: _Where) -> dict[str, Any]:
         if not isinstance(d["draft"], bool):
             raise w.error("decoding.draft", "must be true or false", d["draft"])
         out["draft"] = d["draft"]
+    if "gather" in d:
+        if not isinstance(d["gather"], bool):
+            raise w.error("decoding.gather", "must be true or false", d["gather"])
+        out["gather"] = d["gather"]
     return out
 
 

@@ -94,13 +94,17 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 SETTINGS_KEYS = ("decoding", "metrics", "metric_settings")
 
 
+#: decoding settings that change how a record is computed, not its values
+NO_RECORD_CHANGE = ("decoding.batch_size", "decoding.attention_memory", "decoding.draft", "decoding.gather")
+
+
 def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``key: old → new`` for every result-changing setting that differs between two resolved configs."""
     a = _flat({k: old.get(k) for k in SETTINGS_KEYS})
     b = _flat({k: new.get(k) for k in SETTINGS_KEYS})
     out = []
     for k in sorted(set(a) | set(b)):
-        if k in ("decoding.batch_size", "decoding.attention_memory", "decoding.draft"):  # none changes a record
+        if k in NO_RECORD_CHANGE:
             continue
         va, vb = a.get(k), b.get(k)
         if isinstance(va, list) and isinstance(vb, list) and k == "metrics":

@@ -1,0 +1,125 @@
+"""The masked attention's three forms side by side: one-shot, chunked (online softmax) and gathered (kept entries only).
+
+One layer's masked attention for the cells of the grid_speed grid (3 presses × 9 ratios 0.1…0.9: each cell keeps
+exactly (1 − α)·T context entries per KV head, at random positions) with the model's head shapes, at several
+context lengths and numbers of queries per cell (1: a decode step; the question forward has ~47 on the `base`
+task). Every form is timed on the same random tensors, repeats interleaved; the gathered form's time includes its
+gather (it gathers per forward). The table shows the median milliseconds per layer and, per row, the gathered form
+against the one-shot one; the last lines say from how many queries per cell the gathered form is the faster at every
+length, which is what ``kvroute.engine.gather.GATHER_MIN_QUERIES`` is set from. The FLOPs of the score and value
+products are counted too (the gathered form's over the kept entries only).
+
+    python benchmarks/attention_kernels.py [--model smollm2-135m] [--lengths 512 2048 8192] [--queries 1 4 8 16 47]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from functools import partial
+
+import torch
+from common import environment, write
+
+PRESSES = 3
+RATIOS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
+    ap.add_argument("--queries", type=int, nargs="+", default=[1, 4, 8, 16, 47])
+    ap.add_argument("--chunk", type=int, default=512, help="the chunked form's context chunk")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+
+    from kvroute.engine.attention import MaskedContext, _one_shot
+    from kvroute.engine.gather import GATHER_MIN_QUERIES, gathered_context_attention
+    from kvroute.engine.streaming import chunked_context_attention
+    from kvroute.models import load_model
+
+    model = load_model(args.model, dtype="float32").model
+    config = getattr(model.config, "text_config", model.config)
+    del model
+    H = config.num_attention_heads
+    Hkv = getattr(config, "num_key_value_heads", None) or H
+    D = getattr(config, "head_dim", None) or config.hidden_size // H
+    G = H // Hkv
+    ratios = [r for _ in range(PRESSES) for r in RATIOS]
+    B = len(ratios)
+    g = torch.Generator().manual_seed(0)
+    rows, faster = [], {}
+    for T in args.lengths:
+        k_ctx, v_ctx = torch.randn(Hkv, T, D, generator=g), torch.randn(Hkv, T, D, generator=g)
+        keep = torch.zeros(Hkv, B, 1, T, dtype=torch.bool)
+        for b, r in enumerate(ratios):
+            for h in range(Hkv):
+                keep[h, b, 0, torch.randperm(T, generator=g)[: int(T * (1 - r))]] = True
+        kept = int(keep.sum())
+        for q in args.queries:
+            s = q + 10  # the suffix: the question so far and the query positions
+            qg = torch.randn(B, Hkv, G * q, D, generator=g)
+            key, value = torch.randn(B, Hkv, s, D, generator=g), torch.randn(B, Hkv, s, D, generator=g)
+            forms = {
+                "one-shot": partial(_one_shot, MaskedContext([k_ctx[None]], [v_ctx[None]], keep, None), 0, qg, k_ctx,
+                                    v_ctx, keep, key, value, q=q, scale=D**-0.5),
+                "chunked": partial(chunked_context_attention, qg, k_ctx, v_ctx, keep, key, value, q=q, scale=D**-0.5,
+                                   chunk=args.chunk),
+                "gathered": partial(gathered_context_attention, qg, k_ctx, v_ctx, keep, key, value, q=q,
+                                    scale=D**-0.5),
+            }
+            times: dict[str, list[float]] = {k: [] for k in forms}
+            for f in forms.values():
+                f()  # warm-up
+            for _ in range(args.repeats):
+                for name, f in forms.items():
+                    t0 = time.perf_counter()
+                    f()
+                    times[name].append(time.perf_counter() - t0)
+            ref = forms["one-shot"]()
+            diff = max(float((forms[n]() - ref).abs().max()) for n in ("chunked", "gathered"))
+            med = {k: 1000 * statistics.median(v) for k, v in times.items()}
+            full_flops, kept_flops = 4 * B * G * q * T * D * Hkv, 4 * G * q * kept * D
+            rows.append((T, q, med, full_flops, kept_flops, diff))
+            faster[(T, q)] = med["gathered"] < med["one-shot"]
+            print(f"T={T} q={q}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items()), flush=True)
+    qs = sorted(args.queries)
+    from_q = next((q for q in qs if all(faster[(T, q2)] for T in args.lengths for q2 in qs if q2 >= q)), None)
+    lines = [
+        "# Masked attention kernels: one-shot, chunked and gathered, per layer",
+        "",
+        f"Command: `python benchmarks/attention_kernels.py --model {args.model} --lengths "
+        f"{' '.join(map(str, args.lengths))} --queries {' '.join(map(str, args.queries))} --chunk {args.chunk} "
+        f"--repeats {args.repeats}`",
+        f"Environment: {environment()}",
+        f"{args.model}'s attention shapes ({H} query heads, {Hkv} KV heads, head dim {D}), float32; {B} cells "
+        f"({PRESSES} presses × ratios 0.1…0.9, each keeping exactly (1 − α)·T entries per KV head at random "
+        f"positions); a suffix of q + 10 positions; median of {args.repeats} interleaved repeats. GFLOP: the score "
+        "and value products (the gathered form's over the kept entries only).",
+        "",
+        "| context T | queries per cell | one-shot ms | chunked ms | gathered ms (with its gather) "
+        "| gathered / one-shot | GFLOP all T | GFLOP kept | largest difference from one-shot |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *[f"| {T} | {q} | {m['one-shot']:.2f} | {m['chunked']:.2f} | {m['gathered']:.2f} | "
+          f"{m['gathered'] / m['one-shot']:.2f} | {ff / 1e9:.2f} | {kf / 1e9:.2f} | {d:.1e} |"
+          for T, q, m, ff, kf, d in rows],
+        "",
+        (f"The gathered form is the faster at every length from {from_q} queries per cell up "
+         if from_q is not None else "The gathered form is never the faster at every length ")
+        + f"(the engine gathers from GATHER_MIN_QUERIES = {GATHER_MIN_QUERIES}); below that, a decode step's one "
+        "query does not repay the gather, and the engine multiplies the shared keys (one-shot, or chunked past the "
+        "memory budget).",
+        "",
+        f"gathered from: {from_q}",
+    ]
+    write("attention_kernels", lines)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    sys.exit(main())

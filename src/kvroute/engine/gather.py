@@ -1,0 +1,116 @@
+"""Masked attention over each cell's kept context entries only: what a pruned cache costs, from the shared context.
+
+A cell at ratio α keeps (1 − α)·T context entries per KV head, yet the one-shot and chunked forms of the masked
+attention (:mod:`kvroute.engine.attention`, :mod:`kvroute.engine.streaming`) multiply its queries with all T keys
+and discard the masked scores: at α = 0.9 nine tenths of the work. :func:`gathered_context_attention` gathers each
+cell's kept keys and values per KV head (in position order, as kvpress's pruned cache holds them) and attends over
+those alone, so a cell's attention costs what its pruned cache costs. The cells of a forward are grouped by kept
+count (:func:`kept_groups`, per layer the largest over the KV heads, so a group pads little; a cell that keeps the
+whole context reads the shared keys without a gather). The gathered K/V are transient, one layer and one group
+at a time, split so that a group's tensors stay within the attention budget: the context K/V are still held once.
+
+The gather copies each kept entry once per forward. A forward with many queries per cell (the question forward,
+a draft, the lens sequences) repays it many times over; a decode step's single query does not on a CPU, where
+reading the gathered copy costs about what multiplying the shared keys does (``benchmarks/attention_kernels.py``),
+and a few queries do not repay the per-group work, so the masked attention gathers from :data:`GATHER_MIN_QUERIES`
+queries per cell up. Results agree with the one-shot
+form to float32 rounding (tests/unit/test_gather.py): the sums run over the kept entries in the same order, without
+the masked terms (exact zeros in the one-shot form).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvroute.engine.streaming import ONE_SHOT_COPIES, suffix_scores
+
+#: a forward gathers the kept entries when it has at least this many queries per cell (benchmarks/attention_kernels.py:
+#: from 16 the gathered form is the faster at 512 to 8,192 context tokens; at 4 and 8 its per-group work is not repaid)
+GATHER_MIN_QUERIES = 16
+#: a group of cells takes cells whose kept count is at least this share of its largest (padding ≤ 1 − share)
+GROUP_SHARE = 0.9
+
+
+def kept_groups(counts: list[int], share: float = GROUP_SHARE) -> list[list[int]]:
+    """Cell indices grouped by kept count, largest first: a group takes cells while their count is at least
+    ``share`` of its first (so padding to the group's largest wastes at most ``1 - share`` of its work)."""
+    order = sorted(range(len(counts)), key=lambda b: -counts[b])
+    groups: list[list[int]] = []
+    for b in order:
+        if groups and counts[b] >= share * counts[groups[-1][0]]:
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+    return groups
+
+
+def gathered_bytes(cells: int, kv_heads: int, rows: int, kept: int, suffix: int, head_dim: int,
+                   dtype_bytes: int) -> int:
+    """Transient bytes of one group's gathered attention: its kept keys and values (and their indices), and the
+    float32 scores, exponentials and probabilities of ``rows`` query rows per KV head over ``kept + suffix`` keys."""
+    gathered = cells * kv_heads * kept * (2 * head_dim * dtype_bytes + 8 + 1)
+    return gathered + ONE_SHOT_COPIES * 4 * cells * kv_heads * rows * (kept + suffix)
+
+
+def _kept_index(keep: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``keep`` bool ``[Hkv, b, T]`` → the kept positions of each (KV head, cell) in order, padded to ``width``
+    (``[Hkv, b, width]`` int64, padding 0), and which of them are real (``[Hkv, b, width]`` bool)."""
+    order = torch.sort(keep.to(torch.uint8), dim=-1, descending=True, stable=True).indices[..., :width]
+    return order, keep.gather(-1, order)
+
+
+def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, keep: torch.Tensor,
+                               key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
+                               own: torch.Tensor | None = None, budget: int | None = None) -> torch.Tensor:
+    """The masked attention output ``[Hkv, B, G·q, D]`` (in the query's dtype), each cell over its kept entries.
+
+    Arguments as :func:`kvroute.engine.streaming.chunked_context_attention`: ``qg`` ``[B, Hkv, G·q, D]`` (each KV
+    head's query rows, (g, i) order), ``k_ctx``/``v_ctx`` ``[Hkv, T, D]``, ``keep`` bool ``[Hkv, B, 1, T]``,
+    ``key``/``value`` ``[B, Hkv, s, D]`` (the cells' suffix), ``own`` bool ``[B, s]`` (None: every slot). ``budget``:
+    bytes one group's transient tensors may take (:func:`gathered_bytes`); a group over it is split, down to one
+    cell (None: no split).
+    """
+    B, Hkv, R, D = qg.shape
+    T, s = k_ctx.shape[1], key.shape[2]
+    kk = keep[:, :, 0]  # [Hkv, B, T]
+    counts = kk.sum(-1).amax(0).tolist()  # [B]: the most entries any KV head of the cell keeps
+    s_suf = suffix_scores(qg, key, q, scale, own)  # [Hkv, B, R, s] float32
+    out = torch.empty(Hkv, B, R, D, dtype=qg.dtype, device=qg.device)
+    heads = torch.arange(Hkv, device=qg.device).view(Hkv, 1, 1) * T
+    for group in kept_groups(counts):
+        width = counts[group[0]]
+        step = len(group)
+        if budget is not None:
+            one = gathered_bytes(1, Hkv, R, width, s, D, k_ctx.element_size())
+            step = max(1, min(step, budget // max(one, 1)))
+        for a in range(0, len(group), step):
+            idx = torch.tensor(group[a : a + step], device=qg.device)
+            b = len(idx)
+            qq = qg.index_select(0, idx).transpose(0, 1)  # [Hkv, b, R, D]
+            if width == T:  # the whole context: the shared keys, no gather (cells folded into rows)
+                valid = kk.index_select(1, idx).unsqueeze(2)  # [Hkv, b, 1, T]
+                sc = torch.bmm(qq.reshape(Hkv, b * R, D), k_ctx.transpose(1, 2)).view(Hkv, b, R, T)
+                vals = None
+            else:
+                pos, real = _kept_index(kk.index_select(1, idx), width)  # [Hkv, b, width]
+                flat = (pos + heads).flatten()
+                gk = k_ctx.reshape(Hkv * T, D).index_select(0, flat).view(Hkv, b, width, D)
+                vals = v_ctx.reshape(Hkv * T, D).index_select(0, flat).view(Hkv, b, width, D)
+                if not bool(real.all()):  # padding: masked entries' values weigh 0, and must not be inf or NaN
+                    vals.masked_fill_(~real.unsqueeze(-1), 0.0)
+                valid = real.unsqueeze(2)  # [Hkv, b, 1, width]
+                sc = torch.matmul(qq, gk.transpose(2, 3))  # [Hkv, b, R, width]
+            sc = sc.float().mul_(scale).masked_fill_(~valid, float("-inf"))
+            ss = s_suf.index_select(1, idx)  # [Hkv, b, R, s]
+            m = ss.amax(-1, keepdim=True)  # finite: every row sees its own position
+            if width:
+                m = torch.maximum(m, sc.amax(-1, keepdim=True))
+            ec, es = torch.exp(sc.sub_(m)), torch.exp(ss - m)
+            total = ec.sum(-1, keepdim=True) + es.sum(-1, keepdim=True)
+            pc, ps = ec.div_(total).to(qg.dtype), es.div_(total).to(qg.dtype)
+            if vals is None:
+                o = torch.bmm(pc.view(Hkv, b * R, T), v_ctx).view(Hkv, b, R, D)
+            else:
+                o = torch.matmul(pc, vals)
+            out[:, idx] = o + torch.matmul(ps, value.index_select(0, idx).transpose(0, 1))
+    return out
