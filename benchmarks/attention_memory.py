@@ -6,15 +6,18 @@ then decode 64 cells (random keep masks at ratios 0.01…0.64) for a question of
 plus one generated token, and read the growth of the peak RSS (VmHWM) over the resident size before the
 decode. Modes:
 
-- `one-shot`: the whole context at once (float32 scores and probabilities [Hkv, B, G·q, T + s] per layer);
-  run only up to `--one-shot-max` tokens;
-- `planned`: the decode's default budget (a quarter of the free memory) and below it chunks of the
-  context (kvroute.engine.streaming); `--budget-mb` sets the budget instead.
+- `one-shot`: every forward over the whole context at once, masked (float32 scores and probabilities
+  [Hkv, B, G·q, T + s] per layer; `gather = false`); run at the first question length, up to `--one-shot-max`;
+- `planned`: the defaults: the question forward over each cell's kept entries (kvroute.engine.gather, split to
+  the budget), the decode steps at once or in chunks of the context past the budget (kvroute.engine.streaming);
+  the budget is a quarter of the free memory, or `--budget-mb`.
 
 Both modes give the same tokens (checked here on every length both run). The table also gives the
-memory the one-shot form would need per forward (`one_shot_bytes`) and the context K/V of the prefill.
+memory the one-shot form would need per forward (`one_shot_bytes`) and the context K/V of the prefill;
+the last lines fit the planned peak against context length (its slope in MB per MB of context K/V) per
+question length.
 
-    python benchmarks/attention_memory.py [--model smollm2-135m] [--lengths 512 2048 8192] [--question 50]
+    python benchmarks/attention_memory.py [--model smollm2-135m] [--lengths 512 2048 8192 16384] [--questions 50 200]
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ pre = prefill(lm.model, ids[:n], [])
 L, Hkv, T = len(pre.keys), pre.keys[0].shape[1], n
 masks = [KeepMask(torch.rand(L, Hkv, T, generator=g) >= r, "random", r) for r in [0.01 * (i + 1) for i in range(64)]]
 budget = None if mode == "planned" and budget_mb <= 0 else (1 << 60 if mode == "one-shot" else int(budget_mb * 2**20))
-settings = DecodeSettings(max_new_tokens=2, batch_size=64, capture=False, attention_memory=budget)
+settings = DecodeSettings(max_new_tokens=2, batch_size=64, capture=False, attention_memory=budget,
+                          gather=mode != "one-shot")
 
 base = status("VmRSS")
 reset_peak()
@@ -54,17 +58,25 @@ print(json.dumps({"peak_mb": status("VmHWM") - base, "seconds": seconds, "kv_mb"
 """
 
 
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y on x."""
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else float("nan")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
-    ap.add_argument("--question", type=int, default=50, help="question tokens decoded per cell")
-    ap.add_argument("--one-shot-max", type=int, default=4096, help="longest context run in one shot")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192, 16384])
+    ap.add_argument("--questions", type=int, nargs="+", default=[50, 200], help="question tokens decoded per cell")
+    ap.add_argument("--one-shot-max", type=int, default=8192, help="longest context run in one shot")
     ap.add_argument("--budget-mb", type=float, default=0, help="the planned mode's budget (0: the default)")
     args = ap.parse_args()
     import torch
 
-    from kvroute.engine.streaming import attention_budget, context_chunk, one_shot_bytes
+    from kvroute.engine.streaming import attention_budget, one_shot_bytes
     from kvroute.models import load_model
 
     lm = load_model(args.model)  # pull once, outside the measured children
@@ -72,47 +84,64 @@ def main() -> int:
     H = config.num_attention_heads
     budget = int(args.budget_mb * 2**20) if args.budget_mb > 0 else attention_budget(torch.device("cpu"))
     rows = []
-    for n in args.lengths:
-        q = args.question + 1  # the question forward: the question's tokens (no gold here)
-        need = one_shot_bytes(64, H, q, n + q)
-        chunk = context_chunk(64, H, q, n + q, budget)
-        res = {}
-        for mode in ("one-shot", "planned"):
-            if mode == "one-shot" and n > args.one_shot_max:
-                continue
-            res[mode] = run_child(CHILD, args.model, str(n), str(args.question), mode, str(args.budget_mb))
-            print(f"{n:>6} {mode:<9} peak +{res[mode]['peak_mb']:.0f} MB in {res[mode]['seconds']:.1f} s", flush=True)
-        same = "yes" if "one-shot" not in res or res["one-shot"]["tokens"] == res["planned"]["tokens"] else "NO"
-        rows.append((n, need, chunk, res, same))
+    for question in args.questions:
+        for n in args.lengths:
+            q = question + 1  # the question forward: the question's tokens (no gold here)
+            need = one_shot_bytes(64, H, q, n + q)
+            res = {}
+            # the one-shot form at the first question length only (it is the reference the planned one replaces)
+            first = question == args.questions[0] and n <= args.one_shot_max
+            modes = ("one-shot", "planned") if first else ("planned",)
+            for mode in modes:
+                res[mode] = run_child(CHILD, args.model, str(n), str(question), mode, str(args.budget_mb))
+                print(f"{n:>6} q={question} {mode:<9} peak +{res[mode]['peak_mb']:.0f} MB in "
+                      f"{res[mode]['seconds']:.1f} s", flush=True)
+            same = "yes" if "one-shot" not in res else ("yes" if res["one-shot"]["tokens"] == res["planned"]["tokens"]
+                                                         else "NO")
+            rows.append((n, question, need, res, same))
     lines = [
         "# Masked attention memory: a 64-cell decode against context length",
         "",
         f"Command: `python benchmarks/attention_memory.py --model {args.model} --lengths "
-        f"{' '.join(map(str, args.lengths))} --question {args.question} --one-shot-max {args.one_shot_max}"
-        + (f" --budget-mb {args.budget_mb:g}" if args.budget_mb > 0 else "") + "`",
+        f"{' '.join(map(str, args.lengths))} --questions {' '.join(map(str, args.questions))} --one-shot-max "
+        f"{args.one_shot_max}" + (f" --budget-mb {args.budget_mb:g}" if args.budget_mb > 0 else "") + "`",
         f"Environment: {environment()}",
-        f"64 cells (random keep masks), a {args.question}-token question and one generated token, capture off; "
-        f"peak = growth of the decode process's peak RSS over its resident size after the prefill. Planned budget: "
-        f"{budget / 2**30:.1f} GiB ({'given' if args.budget_mb > 0 else 'a quarter of the free memory'}).",
+        "64 cells (random keep masks at ratios 0.01…0.64), a question of the given length and one generated token, "
+        "capture off, a fresh process per row; peak = growth of the decode process's peak RSS over its resident size "
+        "after the prefill. One-shot: every forward over all T context keys at once, masked (`gather = false`, no "
+        "budget). Planned: the defaults — the question forward over each cell's kept entries (gathered, split to the "
+        f"budget), decode steps at once or in chunks past the budget ({budget / 2**30:.1f} GiB, "
+        f"{'given' if args.budget_mb > 0 else 'a quarter of the free memory'}).",
         "",
-        "| context tokens | context K/V MB | one-shot would need per forward | planned chunk | one-shot peak MB (s) "
+        "| context tokens | question tokens | context K/V MB | one-shot would need per forward | one-shot peak MB (s) "
         "| planned peak MB (s) | same tokens |",
         "|---|---|---|---|---|---|---|",
     ]
-    for n, need, chunk, res, same in rows:
+    for n, question, need, res, same in rows:
         kv = next(iter(res.values()))["kv_mb"]
         one = res.get("one-shot")
         one_s = f"{one['peak_mb']:.0f} ({one['seconds']:.1f})" if one else "— (not run)"
         pl = res["planned"]
-        lines.append(f"| {n} | {kv:.0f} | {need / 2**20:.0f} MB | {chunk if chunk else 'one shot'} | {one_s} "
+        lines.append(f"| {n} | {question} | {kv:.0f} | {need / 2**20:.0f} MB | {one_s} "
                      f"| {pl['peak_mb']:.0f} ({pl['seconds']:.1f}) | {same} |")
+    lines.append("")
+    for question in args.questions:
+        pts = [(res["planned"]["kv_mb"], res["planned"]["peak_mb"]) for n, qq, _, res, _ in rows if qq == question]
+        per_k = _slope([(n / 1000, res["planned"]["peak_mb"]) for n, qq, _, res, _ in rows if qq == question])
+        lines.append(f"Planned peak with a {question}-token question: {per_k:.1f} MB more per 1,000 context tokens, "
+                     f"{_slope(pts):.2f} MB per MB of context K/V (least squares over {len(pts)} lengths).")
+    if len(args.questions) > 1:
+        top = max(args.lengths)
+        peaks = {qq: res["planned"]["peak_mb"] for n, qq, _, res, _ in rows if n == top}
+        lines.append(f"At {top} tokens: " + ", ".join(f"{peaks[qq]:.0f} MB with a {qq}-token question"
+                                                      for qq in args.questions) + ".")
     both = [(n, res) for n, _, _, res, _ in rows if "one-shot" in res]
     if both:
         n, res = both[-1]
         one, pl = res["one-shot"]["peak_mb"], res["planned"]["peak_mb"]
-        lines += ["", f"At {n} tokens the planned decode's peak grows by {pl:.0f} MB against {one:.0f} MB in one shot "
-                  f"({one / pl:.1f}× less); tokens equal at every length both ran: "
-                  f"{'yes' if all(r[4] == 'yes' for r in rows) else 'NO'}."]
+        lines.append(f"At {n} tokens the planned decode's peak grows by {pl:.0f} MB against {one:.0f} MB in one shot "
+                     f"({one / pl:.1f}× less); tokens equal at every length both ran: "
+                     f"{'yes' if all(r[4] == 'yes' for r in rows) else 'NO'}.")
     write("attention_memory", lines)
     print("\n".join(lines))
     return 0

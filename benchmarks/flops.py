@@ -9,8 +9,9 @@ plus 2·hidden·V_vocab per position whose logits are computed.
   answer over the pruned cache: each of their q = Q + a tokens sees the kept (1 − r)·T entries and the
   suffix before it.
 - kvroute, per instance: one prefill of the context; per cell the same question and answer tokens,
-  their attention counted over the kept entries only (what a masked engine that skips masked blocks
-  pays; kvroute's one-shot masked attention pays all T, which is what `ratio to ceiling` shows).
+  their attention counted over the kept entries only (what a masked engine that skips masked entries
+  pays: kvroute's question forward gathers the kept entries, its decode steps still multiply all T keys;
+  `ratio to ceiling` shows what that and everything else costs).
 
 Logits: both sides compute them for the question's last token and each generated token.
 """

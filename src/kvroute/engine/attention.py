@@ -111,13 +111,13 @@ def _one_shot(ctx: MaskedContext, layer: int, qg: torch.Tensor, k_ctx: torch.Ten
     G, T, s = R // q, k_ctx.shape[1], key.shape[2]
     # context part: fold cells into rows -> one bmm per KV head against the shared keys
     q_rows = qg.transpose(0, 1).reshape(Hkv, B * G * q, D)  # [Hkv, B·G·q, D]
-    s_ctx = torch.bmm(q_rows, k_ctx.transpose(1, 2)).view(Hkv, B, G * q, T) * scale  # [Hkv, B, G·q, T]
-    s_ctx = s_ctx.masked_fill(~keep, float("-inf"))
+    s_ctx = torch.bmm(q_rows, k_ctx.transpose(1, 2)).view(Hkv, B, G * q, T).mul_(scale)  # [Hkv, B, G·q, T]
+    s_ctx.masked_fill_(~keep, float("-inf"))  # (in place on fresh tensors: the same numbers, no copies)
     # suffix part: each cell's own tokens, causal
     s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G·q, s]
-    s_suf = s_suf.masked_fill(suffix_causal(q, G, s, qg.device), float("-inf"))
+    s_suf.masked_fill_(suffix_causal(q, G, s, qg.device), float("-inf"))
     if own is not None:
-        s_suf = s_suf.masked_fill(~own[None, :, None, :], float("-inf"))
+        s_suf.masked_fill_(~own[None, :, None, :], float("-inf"))
 
     probs = torch.softmax(torch.cat([s_ctx, s_suf], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G·q, T+s]
     for i in ctx.captured(q):

@@ -88,7 +88,7 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
             b = len(idx)
             qq = qg.index_select(0, idx).transpose(0, 1)  # [Hkv, b, R, D]
             if width == T:  # the whole context: the shared keys, no gather (cells folded into rows)
-                valid = kk.index_select(1, idx).unsqueeze(2)  # [Hkv, b, 1, T]
+                valid = kk.index_select(1, idx)  # [Hkv, b, T]
                 sc = torch.bmm(qq.reshape(Hkv, b * R, D), k_ctx.transpose(1, 2)).view(Hkv, b, R, T)
                 vals = None
             else:
@@ -96,11 +96,13 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
                 flat = (pos + heads).flatten()
                 gk = k_ctx.reshape(Hkv * T, D).index_select(0, flat).view(Hkv, b, width, D)
                 vals = v_ctx.reshape(Hkv * T, D).index_select(0, flat).view(Hkv, b, width, D)
-                if not bool(real.all()):  # padding: masked entries' values weigh 0, and must not be inf or NaN
-                    vals.masked_fill_(~real.unsqueeze(-1), 0.0)
-                valid = real.unsqueeze(2)  # [Hkv, b, 1, width]
+                valid = real  # [Hkv, b, width]: False on padding
                 sc = torch.matmul(qq, gk.transpose(2, 3))  # [Hkv, b, R, width]
-            sc = sc.float().mul_(scale).masked_fill_(~valid, float("-inf"))
+            sc = sc.float().mul_(scale)
+            if not bool(valid.all()):  # padding (or masked entries of a cell keeping the whole context in some head)
+                sc.masked_fill_(~valid.unsqueeze(2), float("-inf"))
+                if vals is not None:  # padded values weigh 0, and must not be inf or NaN
+                    vals.masked_fill_(~valid.unsqueeze(-1), 0.0)
             ss = s_suf.index_select(1, idx)  # [Hkv, b, R, s]
             m = ss.amax(-1, keepdim=True)  # finite: every row sees its own position
             if width:
