@@ -1,12 +1,16 @@
 """Are two runs' records the same? Field by field, timings aside — the check that a refactor changed no reading.
 
-    python benchmarks/compare_runs.py RUN_BEFORE RUN_AFTER [--out results/compare_runs.md]
+    python benchmarks/compare_runs.py RUN_BEFORE RUN_AFTER [--rtol 1e-4] [--out results/compare_runs.md]
 
 Records are matched by their cell key. For every other field the values must be equal: floats to
 1e-9 relative (the same code on the same machine gives the same bits; the tolerance only absorbs a
 different summation order in a library), everything else exactly (token ids, texts, lists, masks'
 digests). Timing fields (``records.TIMING_FIELDS``) are left out. The report names each field that
-differs, with how many records and one example; it ends with `identical: yes` or `identical: no`.
+differs, with how many records, the largest difference of its floats and one example; it ends with
+`identical: yes` or `identical: no`. With ``--rtol R`` (a change of arithmetic that is equal only to
+rounding, e.g. another order of a sum) it also says whether every difference is a float within R
+relative (and 1e-6 absolute) of the other, everything else still exact: `equal to rounding: yes`. It
+gives each run's sweep wall time from its manifest (started → finished).
 """
 
 from __future__ import annotations
@@ -24,14 +28,38 @@ from kvroute.records import TIMING_FIELDS
 from kvroute.sweep import read_records
 
 
-def same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
     if isinstance(a, float) and isinstance(b, float):
-        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=rtol, abs_tol=atol)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same(x, y, rtol, atol) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same(a[k], b[k], rtol, atol) for k in a)
     return a == b
+
+
+def largest_difference(a: Any, b: Any) -> float:
+    """The largest absolute difference between the floats of two values of the same shape (0 without floats)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return 0.0 if (math.isnan(a) and math.isnan(b)) or a == b else abs(a - b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):
+        return max((largest_difference(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return max((largest_difference(a[k], b[k]) for k in a), default=0.0)
+    return 0.0
+
+
+def sweep_minutes(run: Path) -> str:
+    """The sweep's wall time from its manifest (started → finished), in minutes."""
+    import json
+    from datetime import datetime
+
+    try:
+        m = json.loads((run / "manifest.json").read_text())
+        dt = datetime.fromisoformat(m["finished"]) - datetime.fromisoformat(m["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
+    return f"{dt.total_seconds() / 60:.1f} min"
 
 
 def commit(run: Path) -> str:
@@ -49,36 +77,50 @@ def main() -> int:
     ap.add_argument("before", type=Path)
     ap.add_argument("after", type=Path)
     ap.add_argument("--out", type=Path, default=RESULTS / "compare_runs.md")
+    ap.add_argument("--rtol", type=float, default=None, help="also check equality to this relative rounding")
     args = ap.parse_args()
     a = {r["key"]: r for r in read_records(args.before)}
     b = {r["key"]: r for r in read_records(args.after)}
     only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
     diffs: dict[str, list[str]] = {}
+    beyond: set[str] = set()  # fields with a difference beyond --rtol (or not a float)
+    largest: dict[str, float] = {}
     for key in sorted(set(a) & set(b)):
         ra, rb = a[key], b[key]
         for f in sorted((set(ra) | set(rb)) - set(TIMING_FIELDS)):
             if not same(ra.get(f), rb.get(f)):
                 diffs.setdefault(f, []).append(key)
+                largest[f] = max(largest.get(f, 0.0), largest_difference(ra.get(f), rb.get(f)))
+                if args.rtol is None or not same(ra.get(f), rb.get(f), args.rtol, 1e-6):
+                    beyond.add(f)
     identical = not (only_a or only_b or diffs)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = ["# Two runs' records, field by field (timings aside)", "",
              f"`python benchmarks/compare_runs.py {args.before} {args.after}` (code at {head}).", "",
-             f"- before: `{args.before}`, {len(a)} records, written by commit {commit(args.before)}",
-             f"- after: `{args.after}`, {len(b)} records, written by commit {commit(args.after)}",
+             f"- before: `{args.before}`, {len(a)} records, written by commit {commit(args.before)}, "
+             f"sweep wall time {sweep_minutes(args.before)}",
+             f"- after: `{args.after}`, {len(b)} records, written by commit {commit(args.after)}, "
+             f"sweep wall time {sweep_minutes(args.after)}",
              f"- records in both: {len(set(a) & set(b))}; only before: {len(only_a)}; only after: {len(only_b)}",
              f"- fields compared: every field except the {len(TIMING_FIELDS)} timing fields "
              f"({', '.join(sorted(TIMING_FIELDS))})", ""]
     if diffs:
-        lines += ["| field | records that differ | example (key: before → after) |", "|---|---|---|"]
+        lines += ["| field | records that differ | largest float difference | example (key: before → after) |",
+                  "|---|---|---|---|"]
         for f, keys in sorted(diffs.items()):
             k = keys[0]
             ex = f"{k}: {str(a[k].get(f))[:60]!r} → {str(b[k].get(f))[:60]!r}"
-            lines.append(f"| `{f}` | {len(keys)} | {ex} |")
+            lines.append(f"| `{f}` | {len(keys)} | {largest[f]:.2g} | {ex} |")
         lines.append("")
     lines.append(f"identical: {'yes' if identical else 'no'}")
+    rounding = not (only_a or only_b or beyond)
+    if args.rtol is not None:
+        lines.append(f"equal to rounding (floats within {args.rtol:g} relative or 1e-6 absolute, everything else "
+                     f"exact): {'yes' if rounding else 'no'}"
+                     + (f" (beyond it: {', '.join(sorted(beyond))})" if beyond else ""))
     print("\n".join(lines))
     args.out.write_text("\n".join(lines) + "\n")
-    return 0 if identical else 1
+    return 0 if identical or (args.rtol is not None and rounding) else 1
 
 
 if __name__ == "__main__":

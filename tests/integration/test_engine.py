@@ -293,14 +293,18 @@ def _masks(lm, prompt):
     return res.masks
 
 
-@pytest.mark.parametrize("memory", [None, 1], ids=["one_shot", "chunked"])
-def test_draft_verification_gives_the_greedy_tokens_whatever_the_draft(setup, memory, monkeypatch):
+@pytest.mark.parametrize("memory, gather_from", [(None, None), (1, None), (None, 2)],
+                         ids=["one_shot", "chunked", "gathered"])
+def test_draft_verification_gives_the_greedy_tokens_whatever_the_draft(setup, memory, gather_from, monkeypatch):
     """Any draft — a cell's own answer (accepted whole), the same with one token changed (accepted up to it), noise,
     one token, one longer than the answer may be, one ending in EOS — leaves every cell's greedy tokens, gold
-    log-prob, captured rows and generated-token masses as plain step-by-step decoding gives them."""
+    log-prob, captured rows and generated-token masses as plain step-by-step decoding gives them (with the
+    question and draft forwards gathered too: the rejected draft slots masked in the gathered form)."""
+    import kvroute.engine.decode as decode
     import kvroute.engine.streaming as streaming
 
     monkeypatch.setattr(streaming, "MIN_CHUNK", 16)
+    monkeypatch.setattr(decode, "GATHER_MIN_QUERIES", gather_from or 10**9)
     lm, prompt = setup
     masks = _masks(lm, prompt)
     gold = lm.tokenizer.encode(" Ferravik", add_special_tokens=False)

@@ -9,9 +9,9 @@ context with a running maximum and sum (the online softmax of FlashAttention), s
 is O(B·H·q·chunk); the one probability row per cell that the metrics capture is computed on its own
 (:func:`probability_rows`, B·H·(T + s) floats).
 
-:func:`context_chunk` is the planner: ``None`` (the whole context at once, the exact arithmetic every
-record so far was made with) whenever the one-shot tensors fit the budget, else the largest chunk
-that does. Results agree with the one-shot function to float32 rounding (tests/unit/test_streaming.py);
+:func:`context_chunk` is the planner: ``None`` (the whole context at once) whenever the one-shot
+tensors fit the budget, else the largest chunk that does. (Forwards with many queries per cell attend
+the kept entries only, :mod:`kvroute.engine.gather`, and chunk only where even that would not fit.) Results agree with the one-shot function to float32 rounding (tests/unit/test_streaming.py);
 the order of the sums differs, so a near-tie between two next tokens could in principle resolve
 differently: the planner chunks only where the one-shot form would not fit.
 """
