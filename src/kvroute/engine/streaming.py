@@ -11,8 +11,9 @@ is O(B·H·q·chunk); the one probability row per cell that the metrics capture 
 
 :func:`context_chunk` is the planner: ``None`` (the whole context at once) whenever the one-shot
 tensors fit the budget, else the largest chunk that does. (Forwards with many queries per cell attend
-the kept entries only, :mod:`kvroute.engine.gather`, and chunk only where even that would not fit.) Results agree with the one-shot function to float32 rounding (tests/unit/test_streaming.py);
-the order of the sums differs, so a near-tie between two next tokens could in principle resolve
+the kept entries only, :mod:`kvroute.engine.gather`, and chunk only where even that would not fit.)
+Results agree with the one-shot function to float32 rounding (tests/unit/test_streaming.py); the
+order of the sums differs, so a near-tie between two next tokens could in principle resolve
 differently: the planner chunks only where the one-shot form would not fit.
 """
 
