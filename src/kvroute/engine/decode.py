@@ -44,8 +44,8 @@ class DecodeSettings:
     # bytes the masked attention's transient tensors may take per forward; None: a quarter of the free memory
     # (device memory on CUDA, RAM on the CPU). Past it, the context is attended in chunks (kvroute.engine.streaming)
     attention_memory: int | None = None
-    # forwards with several queries per cell (the question, a draft, the lens sequences) attend each cell's kept
-    # context entries only (kvroute.engine.gather); False: over all T entries, masked (the form before it)
+    # forwards with at least GATHER_MIN_QUERIES queries per cell (the question, a long draft) attend each cell's kept
+    # context entries only (kvroute.engine.gather), equal to float32 rounding; False: all T entries, masked
     gather: bool = True
 
     def __post_init__(self) -> None:

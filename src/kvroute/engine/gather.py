@@ -10,12 +10,11 @@ whole context reads the shared keys without a gather). The gathered K/V are tran
 at a time, split so that a group's tensors stay within the attention budget: the context K/V are still held once.
 
 The gather copies each kept entry once per forward. A forward with many queries per cell (the question forward,
-a draft, the lens sequences) repays it many times over; a decode step's single query does not on a CPU, where
-reading the gathered copy costs about what multiplying the shared keys does (``benchmarks/attention_kernels.py``),
-and a few queries do not repay the per-group work, so the masked attention gathers from :data:`GATHER_MIN_QUERIES`
-queries per cell up. Results agree with the one-shot
-form to float32 rounding (tests/unit/test_gather.py): the sums run over the kept entries in the same order, without
-the masked terms (exact zeros in the one-shot form).
+a long draft) repays it many times over; a decode step's single query does not on a CPU, where the gathered form,
+its gather included, took about 4× the one-shot time, and a few queries do not repay the per-group work
+(``benchmarks/attention_kernels.py``), so the masked attention gathers from :data:`GATHER_MIN_QUERIES` queries per
+cell up. Results agree with the one-shot form to float32 rounding (tests/unit/test_gather.py): the sums run over the
+kept entries in the same order, without the masked terms (exact zeros in the one-shot form).
 """
 
 from __future__ import annotations
