@@ -3,21 +3,12 @@ cells are grouped by kept count and groups split to fit the budget."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from kvroute.engine.attention import MaskedContext, _masked_attention_forward, _state
+from kvroute.engine.attention import MaskedContext
 from kvroute.engine.gather import gathered_bytes, gathered_context_attention, kept_groups
-
-
-def _forward(ctx: MaskedContext, query, key, value):
-    _state.ctx = ctx
-    try:
-        return _masked_attention_forward(SimpleNamespace(layer_idx=0), query, key, value, None)[0]
-    finally:
-        _state.ctx = None
+from tests.attention_call import masked_forward
 
 
 def _keep(B: int, Hkv: int, T: int, g: torch.Generator) -> torch.Tensor:
@@ -52,11 +43,12 @@ def test_gathered_equals_one_shot_with_the_same_captured_rows(B, Hkv, G, q, s, T
         return MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__(name, r), q - 1,
                              suffix_keep=suffix_keep, gather_from=gather_from, budget=budget)
 
-    one = _forward(ctx("one", None), query, key, value)
-    assert not _forward(ctx("below", q + 1), query, key, value).equal(_forward(ctx("at", q), query, key, value))
-    gathered = _forward(ctx("gathered", q), query, key, value)
+    one = masked_forward(ctx("one", None), query, key, value)
+    below, at = masked_forward(ctx("below", q + 1), query, key, value), masked_forward(ctx("at", q), query, key, value)
+    assert not below.equal(at)
+    gathered = masked_forward(ctx("gathered", q), query, key, value)
     one_cell = gathered_bytes(1, Hkv, G * q, T, s, D, 4)
-    split = _forward(ctx("split", q, budget=one_cell), query, key, value)  # every group split to one cell
+    split = masked_forward(ctx("split", q, budget=one_cell), query, key, value)  # every group split to one cell
     assert gathered.shape == one.shape == (B, q, Hkv * G, D)
     torch.testing.assert_close(gathered, one, atol=1e-5, rtol=0)
     torch.testing.assert_close(split, gathered, atol=1e-6, rtol=0)

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from kvroute.engine.attention import MaskedContext, _masked_attention_forward, _state
+from kvroute.engine.attention import MaskedContext
 from kvroute.engine.streaming import MIN_CHUNK, context_chunk, one_shot_bytes
-
-
-def _forward(ctx: MaskedContext, query, key, value):
-    _state.ctx = ctx
-    try:
-        return _masked_attention_forward(SimpleNamespace(layer_idx=0), query, key, value, None)[0]
-    finally:
-        _state.ctx = None
+from tests.attention_call import masked_forward
 
 
 @pytest.mark.parametrize("B, Hkv, G, q, s, T, D, chunk", [
@@ -32,10 +23,10 @@ def test_chunked_equals_one_shot_with_the_same_captured_rows(B, Hkv, G, q, s, T,
     query = torch.randn(B, Hkv * G, q, D, generator=g)
     key, value = torch.randn(B, Hkv, s, D, generator=g), torch.randn(B, Hkv, s, D, generator=g)
     seen: dict[str, torch.Tensor] = {}
-    one = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("one", r), q - 1,
-                                 gather_from=None), query, key, value)
-    chunked = _forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("chunked", r), q - 1,
-                                     context_chunk=chunk, gather_from=None), query, key, value)
+    one = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("one", r), q - 1,
+                                       gather_from=None), query, key, value)
+    chunked = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("chunked", r),
+                                           q - 1, context_chunk=chunk, gather_from=None), query, key, value)
     assert chunked.shape == one.shape == (B, q, Hkv * G, D)
     assert torch.allclose(chunked, one, atol=1e-5, rtol=0), (chunked - one).abs().max()
     assert torch.allclose(seen["chunked"], seen["one"], atol=1e-6, rtol=0)
