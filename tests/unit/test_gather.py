@@ -1,5 +1,5 @@
 """The gathered masked attention (each cell over its kept entries only) equals the one-shot form, captures included;
-cells are grouped by kept count and groups split to fit the budget."""
+cells are grouped by kept count and groups split to fit the budget, by cells and then by query rows."""
 
 from __future__ import annotations
 
@@ -49,9 +49,12 @@ def test_gathered_equals_one_shot_with_the_same_captured_rows(B, Hkv, G, q, s, T
     gathered = masked_forward(ctx("gathered", q), query, key, value)
     one_cell = gathered_bytes(1, Hkv, G * q, T, s, D, 4)
     split = masked_forward(ctx("split", q, budget=one_cell), query, key, value)  # every group split to one cell
+    kv = gathered_bytes(1, Hkv, 0, T, s, D, 4)
+    rows = masked_forward(ctx("rows", q, budget=kv + (one_cell - kv) // 3), query, key, value)  # cells in row slices
     assert gathered.shape == one.shape == (B, q, Hkv * G, D)
     torch.testing.assert_close(gathered, one, atol=1e-5, rtol=0)
     torch.testing.assert_close(split, gathered, atol=1e-6, rtol=0)
+    torch.testing.assert_close(rows, gathered, atol=1e-6, rtol=0)
     torch.testing.assert_close(seen["gathered"], seen["one"], atol=1e-6, rtol=0)
     assert torch.allclose(seen["one"].sum(-1), torch.ones(B, Hkv * G))  # rows are distributions
 
@@ -83,3 +86,22 @@ def test_kept_groups_pad_at_most_the_share():
         assert all(counts[b] >= 0.9 * counts[grp[0]] for b in grp)
         assert counts[grp[0]] == max(counts[b] for b in grp)
     assert groups == [[0, 2], [3], [1, 5, 6], [7], [4]]
+
+
+@pytest.mark.parametrize("budget, cells, rows", [
+    (None, 7, 300),  # no budget: one slice
+    (10**12, 7, 300),  # all fit
+    ("two", 2, 300),  # two cells' worth: slices of two cells
+    ("one-third", 1, 100),  # a third of one cell's rows (beside its gathered K/V): one cell, rows in thirds
+    (1, 1, 1),  # nothing fits: one row of one cell
+])
+def test_slices_split_cells_then_rows(budget, cells, rows):
+    from kvroute.engine.gather import _slices
+    args = (300, 1000, 20, 4, 64, 4)  # R, width, s, Hkv, D, dtype bytes
+    one = gathered_bytes(1, 4, 300, 1000, 20, 64, 4)
+    kv = gathered_bytes(1, 4, 0, 1000, 20, 64, 4)
+    b = {"two": 2 * one + 1, "one-third": kv + (one - kv) // 3}.get(budget, budget)  # type: ignore[arg-type]
+    assert _slices(7, *args, b) == (cells, rows)
+    step, r = _slices(7, *args, b)
+    if b is not None and b >= kv + (one - kv) // 300:  # a slice fits the budget wherever one row does
+        assert gathered_bytes(step, 4, r, 1000, 20, 64, 4) <= b

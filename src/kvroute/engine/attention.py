@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvroute.engine.gather import GATHER_MIN_QUERIES, gathered_bytes, gathered_context_attention
+from kvroute.engine.gather import GATHER_MIN_QUERIES, GATHER_SLICE_BYTES, gathered_bytes, gathered_context_attention
 from kvroute.engine.streaming import chunked_context_attention, probability_rows, suffix_causal
 from kvroute.errors import EngineError
 
@@ -49,8 +49,8 @@ class MaskedContext:
     # bool [B, capacity] over the cells' suffix cache slots: False where a slot holds no token of that cell
     # (a draft token the cell rejected, see kvroute.engine.decode); None: every slot so far is the cell's
     suffix_keep: torch.Tensor | None = None
-    # bytes the transient tensors of one gathered group may take (kvroute.engine.gather splits a group past it);
-    # None: no limit
+    # bytes the masked attention's transient tensors may take: the chunked form's chunk comes from it, and a gathered
+    # slice takes at most this and kvroute.engine.gather.GATHER_SLICE_BYTES; None: no limit but that cap
     budget: int | None = None
     # forwards of at least this many queries per cell attend each cell's kept context entries only (gathered,
     # kvroute.engine.gather); None: every forward multiplies all T context keys (one-shot or chunked)
@@ -82,8 +82,11 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
     qg = query.reshape(B, Hkv, G * q, D)  # [B, Hkv, G·q, D]: rows of one KV head's group, (g, i) order
     keep = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T]
     own = None if ctx.suffix_keep is None else ctx.suffix_keep[:, : key.shape[2]]  # [B, s]
+    # a gathered slice takes at most the budget and GATHER_SLICE_BYTES; it gathers unless one query row of one cell
+    # over the whole context is past that (a budget of a few MB: the chunked form runs)
+    limit = GATHER_SLICE_BYTES if ctx.budget is None else min(ctx.budget, GATHER_SLICE_BYTES)
     gather = ctx.gather_from is not None and q >= ctx.gather_from and (
-        ctx.budget is None or gathered_bytes(1, Hkv, G * q, T, key.shape[2], D, k_ctx.element_size()) <= ctx.budget)
+        gathered_bytes(1, Hkv, 1, T, key.shape[2], D, k_ctx.element_size()) <= limit)
     chunked = not gather and ctx.context_chunk is not None and ctx.context_chunk < T
     if gather or chunked:  # the captured rows on their own (the other queries' rows are never materialised)
         for i in ctx.captured(q):
@@ -91,7 +94,7 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
             ctx.on_probs(layer, probability_rows(qg, k_ctx, keep, key, q=q, index=i, scale=scale, own=own), i)
     if gather:
         out = gathered_context_attention(qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale, own=own,
-                                         budget=ctx.budget)  # [Hkv, B, G·q, D]
+                                         budget=limit)  # [Hkv, B, G·q, D]
     elif chunked:
         assert ctx.context_chunk is not None
         out = chunked_context_attention(qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale,

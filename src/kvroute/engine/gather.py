@@ -7,7 +7,9 @@ cell's kept keys and values per KV head (in position order, as kvpress's pruned 
 those alone, so a cell's attention costs what its pruned cache costs. The cells of a forward are grouped by kept
 count (:func:`kept_groups`, per layer the largest over the KV heads, so a group pads little; a cell that keeps the
 whole context reads the shared keys without a gather). The gathered K/V are transient, one layer and one group
-at a time, split so that a group's tensors stay within the attention budget: the context K/V are still held once.
+at a time, split by cells and then by query rows so that a slice's tensors stay within the attention budget and
+:data:`GATHER_SLICE_BYTES`: the context K/V are still held once, and the transient does not grow with the cells or
+the question's length.
 
 The gather copies each kept entry once per forward. A forward with many queries per cell (the question forward,
 a long draft) repays it many times over; a decode step's single query does not on a CPU, where the gathered form,
@@ -28,6 +30,11 @@ from kvroute.engine.streaming import ONE_SHOT_COPIES, suffix_scores
 GATHER_MIN_QUERIES = 16
 #: a group of cells takes cells whose kept count is at least this share of its largest (padding ≤ 1 − share)
 GROUP_SHARE = 0.9
+#: the most bytes one gathered slice's transient tensors take, whatever the attention budget (the caller passes the
+#: smaller of the two): a larger slice saves no time (a slice of this size is thousands of query rows over the kept
+#: keys), and a bound independent of the budget keeps the question forward's transient memory flat in the number of
+#: cells and the question's length (benchmarks/attention_memory.py)
+GATHER_SLICE_BYTES = 256 * 2**20
 
 
 def kept_groups(counts: list[int], share: float = GROUP_SHARE) -> list[list[int]]:
@@ -58,6 +65,21 @@ def _kept_index(keep: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Ten
     return order, keep.gather(-1, order)
 
 
+def _slices(cells: int, R: int, width: int, s: int, Hkv: int, D: int, dtype_bytes: int,
+            budget: int | None) -> tuple[int, int]:
+    """How a group of ``cells`` cells keeping ``width`` entries is sliced to fit ``budget``: (cells per slice, query
+    rows per slice). Cells first; a single cell whose ``R`` rows do not fit keeps its gathered K/V and takes its
+    rows in slices (at least one)."""
+    if budget is None:
+        return cells, R
+    one = gathered_bytes(1, Hkv, R, width, s, D, dtype_bytes)
+    if one <= budget:
+        return max(1, min(cells, budget // max(one, 1))), R
+    kv = gathered_bytes(1, Hkv, 0, width, s, D, dtype_bytes)
+    per_row = gathered_bytes(1, Hkv, 1, width, s, D, dtype_bytes) - kv
+    return 1, max(1, min(R, (budget - kv) // per_row))
+
+
 def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, keep: torch.Tensor,
                                key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
                                own: torch.Tensor | None = None, budget: int | None = None) -> torch.Tensor:
@@ -66,8 +88,8 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
     Arguments as :func:`kvroute.engine.streaming.chunked_context_attention`: ``qg`` ``[B, Hkv, G·q, D]`` (each KV
     head's query rows, (g, i) order), ``k_ctx``/``v_ctx`` ``[Hkv, T, D]``, ``keep`` bool ``[Hkv, B, 1, T]``,
     ``key``/``value`` ``[B, Hkv, s, D]`` (the cells' suffix), ``own`` bool ``[B, s]`` (None: every slot). ``budget``:
-    bytes one group's transient tensors may take (:func:`gathered_bytes`); a group over it is split, down to one
-    cell (None: no split).
+    bytes one slice's transient tensors may take (:func:`gathered_bytes`); a group over it is split by cells, down to
+    one cell, and a cell over it by query rows, down to one row (None: no split).
     """
     B, Hkv, R, D = qg.shape
     T, s = k_ctx.shape[1], key.shape[2]
@@ -78,40 +100,42 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
     heads = torch.arange(Hkv, device=qg.device).view(Hkv, 1, 1) * T
     for group in kept_groups(counts):
         width = counts[group[0]]
-        step = len(group)
-        if budget is not None:
-            one = gathered_bytes(1, Hkv, R, width, s, D, k_ctx.element_size())
-            step = max(1, min(step, budget // max(one, 1)))
+        step, rows = _slices(len(group), R, width, s, Hkv, D, k_ctx.element_size(), budget)
         for a in range(0, len(group), step):
             idx = torch.tensor(group[a : a + step], device=qg.device)
             b = len(idx)
-            qq = qg.index_select(0, idx).transpose(0, 1)  # [Hkv, b, R, D]
             if width == T:  # the whole context: the shared keys, no gather (cells folded into rows)
-                valid = kk.index_select(1, idx)  # [Hkv, b, T]
-                sc = torch.bmm(qq.reshape(Hkv, b * R, D), k_ctx.transpose(1, 2)).view(Hkv, b, R, T)
-                vals = None
+                valid, gk, vals = kk.index_select(1, idx), None, None  # valid [Hkv, b, T]
             else:
-                pos, real = _kept_index(kk.index_select(1, idx), width)  # [Hkv, b, width]
+                pos, valid = _kept_index(kk.index_select(1, idx), width)  # [Hkv, b, width]; valid: False on padding
                 flat = (pos + heads).flatten()
                 gk = k_ctx.reshape(Hkv * T, D).index_select(0, flat).view(Hkv, b, width, D)
                 vals = v_ctx.reshape(Hkv * T, D).index_select(0, flat).view(Hkv, b, width, D)
-                valid = real  # [Hkv, b, width]: False on padding
-                sc = torch.matmul(qq, gk.transpose(2, 3))  # [Hkv, b, R, width]
-            sc = sc.float().mul_(scale)
-            if not bool(valid.all()):  # padding (or masked entries of a cell keeping the whole context in some head)
-                sc.masked_fill_(~valid.unsqueeze(2), float("-inf"))
-                if vals is not None:  # padded values weigh 0, and must not be inf or NaN
-                    vals.masked_fill_(~valid.unsqueeze(-1), 0.0)
-            ss = s_suf.index_select(1, idx)  # [Hkv, b, R, s]
-            m = ss.amax(-1, keepdim=True)  # finite: every row sees its own position
-            if width:
-                m = torch.maximum(m, sc.amax(-1, keepdim=True))
-            ec, es = torch.exp(sc.sub_(m)), torch.exp(ss - m)
-            total = ec.sum(-1, keepdim=True) + es.sum(-1, keepdim=True)
-            pc, ps = ec.div_(total).to(qg.dtype), es.div_(total).to(qg.dtype)
-            if vals is None:
-                o = torch.bmm(pc.view(Hkv, b * R, T), v_ctx).view(Hkv, b, R, D)
-            else:
-                o = torch.matmul(pc, vals)
-            out[:, idx] = o + torch.matmul(ps, value.index_select(0, idx).transpose(0, 1))
+            padded = not bool(valid.all())  # padding (or masked entries of a cell keeping the whole context)
+            if padded and vals is not None:  # padded values weigh 0, and must not be inf or NaN
+                vals.masked_fill_(~valid.unsqueeze(-1), 0.0)
+            v_suf = value.index_select(0, idx).transpose(0, 1)  # [Hkv, b, s, D]
+            q_sel, s_sel = qg.index_select(0, idx).transpose(0, 1), s_suf.index_select(1, idx)  # [Hkv, b, R, ·]
+            for r0 in range(0, R, rows):
+                r = min(rows, R - r0)
+                qq = q_sel[:, :, r0 : r0 + r]  # [Hkv, b, r, D]
+                if gk is None:
+                    sc = torch.bmm(qq.reshape(Hkv, b * r, D), k_ctx.transpose(1, 2)).view(Hkv, b, r, T)
+                else:
+                    sc = torch.matmul(qq, gk.transpose(2, 3))  # [Hkv, b, r, width]
+                sc = sc.float().mul_(scale)
+                if padded:
+                    sc.masked_fill_(~valid.unsqueeze(2), float("-inf"))
+                ss = s_sel[:, :, r0 : r0 + r]  # [Hkv, b, r, s]
+                m = ss.amax(-1, keepdim=True)  # finite: every row sees its own position
+                if width:
+                    m = torch.maximum(m, sc.amax(-1, keepdim=True))
+                ec, es = torch.exp(sc.sub_(m)), torch.exp(ss - m)
+                total = ec.sum(-1, keepdim=True) + es.sum(-1, keepdim=True)
+                pc, ps = ec.div_(total).to(qg.dtype), es.div_(total).to(qg.dtype)
+                if vals is None:
+                    o = torch.bmm(pc.view(Hkv, b * r, T), v_ctx).view(Hkv, b, r, D)
+                else:
+                    o = torch.matmul(pc, vals)
+                out[:, idx, r0 : r0 + r] = o + torch.matmul(ps, v_suf)
     return out
