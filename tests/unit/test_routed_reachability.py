@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from kvroute.metrics.accessibility import (
+    MASS_RESOLUTION,
+    RELATIVE_RESOLUTION,
     EvidenceRollout,
     RoutedReachability,
     document_range,
@@ -166,6 +168,54 @@ def test_max_test_ranks_the_evidence_among_the_nulls_own_maxima():
     flat[0, 1] = 1e-3
     assert max_test(flat, 0.05)["routed_reachable"] is True
     assert max_test(torch.zeros(20, 3), 0.05)["routed_reachable"] is False
+
+
+def _alike_nulls(T=103, L=3, H=2):
+    """Attention that reads the evidence (span 0) more than 19 null spans that all read exactly alike, and the
+    sources' indicator shares: in exact arithmetic the nulls' statistics have no spread at all."""
+    spans = [list(range(3 + 5 * i, 7 + 5 * i)) for i in range(20)]
+    shares = torch.zeros(L, T, 20)
+    for s, span in enumerate(spans):
+        shares[:, span, s] = 1.0
+    logits = torch.zeros(L, H, T)
+    logits[..., spans[0]] = 1.0
+    return torch.softmax(logits, -1), shares
+
+
+def test_routed_z_is_reproducible_when_the_nulls_read_alike():
+    """Planted: the nulls read alike, so their spread is float32 rounding. Perturbing the attention at float32
+    rounding (as another kernel or summation order does) must not move z: dividing by the rounding spread gave
+    z ≈ 10⁷–10⁸ that moved by 15% between perturbations (and 1e6 without them)."""
+    attn, shares = _alike_nulls()
+    runs = []
+    for seed in range(6):
+        noisy = attn * (1 + 1e-7 * torch.randn(attn.shape, generator=torch.Generator().manual_seed(seed)))
+        runs.append(max_test(layer_statistics(noisy, shares), 0.05))
+    zs = torch.tensor([r["routed_z"] for r in runs], dtype=torch.float64)
+    assert all(r["routed_reachable"] is True and r["routed_p"] == pytest.approx(1 / 20) for r in runs)
+    assert float((zs - zs[0]).abs().max()) <= 1e-4 * float(zs[0])
+    assert 1e3 < float(zs[0]) <= 2 / RELATIVE_RESOLUTION  # far above the nulls, counted in resolution units
+
+
+def test_a_rounding_level_difference_is_a_tie_not_a_route():
+    """Planted: no signal (the evidence is drawn like the 19 nulls in 5 columns), and one column in which every
+    source reads the same value, the evidence higher by float32 rounding only. The layer-max test must fire at
+    about its level and never from that column: the former rule gave the evidence z = 1e6 there, a route in
+    every plant."""
+    g = torch.Generator().manual_seed(0)
+    fired, from_flat = 0, 0
+    for _ in range(300):
+        stats = torch.cat([0.3 + 0.05 * torch.randn(20, 5, generator=g), torch.full((20, 1), 0.2)], 1)
+        stats[0, 5] *= 1 + 1e-7
+        out = max_test(stats, 0.05)
+        fired += out["routed_reachable"]
+        from_flat += out["routed_column"] == 5 and out["routed_z"] > 0  # (z = 0 there when all else is below)
+    assert fired / 300 <= 0.09 and from_flat == 0
+    # a difference the statistics resolve is still one, however small the spread
+    flat = torch.full((20, 1), 0.002, dtype=torch.float64)  # small masses: the absolute resolution governs
+    flat[0, 0] += 10 * MASS_RESOLUTION
+    out = max_test(flat, 0.05)
+    assert out["routed_reachable"] is True and out["routed_z"] == pytest.approx(10.0, rel=1e-3)
 
 
 def test_diffusion_without_a_route_is_not_reachable_although_the_former_rule_says_so():
@@ -354,6 +404,10 @@ def test_null_test_rank_rule():
     assert tie["routed_p"] == pytest.approx(2 / 20) and tie["routed_reachable"] is False
     few = null_test(100.0, nulls[:5], 0.05)  # 5 draws: p ≥ 1/6 > α, the test cannot decide
     assert few["routed_p"] == pytest.approx(1 / 6) and few["routed_reachable"] is None
+    alike = torch.full((19,), 0.25, dtype=torch.float64)  # the nulls read alike: no spread to divide by
+    assert null_test(0.25 * (1 + 1e-7), alike, 0.05)["routed_z"] == 0.0  # within the resolution: a tie
+    above = null_test(0.5, alike, 0.05)  # beyond it: counted in resolution units, at most 2 / RELATIVE_RESOLUTION
+    assert above["routed_z"] == pytest.approx(0.25 / (RELATIVE_RESOLUTION * 0.5)) and above["routed_reachable"] is True
     none = null_test(1.0, torch.zeros(0), 0.05)
     assert none["routed_reachable"] is None and none["routed_null_draws"] == 0
 

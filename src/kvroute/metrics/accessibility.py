@@ -40,6 +40,28 @@ import torch.nn.functional as F
 from kvroute.metrics.base import CellContext, Metric, register
 from kvroute.models.queries import rotated_queries
 
+#: the smallest difference in attention mass a statistic resolves: float32's epsilon. A head's attention row sums to
+#: 1, so a share below it cannot change the attention output in float32
+MASS_RESOLUTION = float(torch.finfo(torch.float32).eps)
+#: the relative resolution of a statistic: about the rounding of a float32 sum over 10⁴ terms (√n · ε); captured
+#: attention summed in another order moves a statistic by less
+RELATIVE_RESOLUTION = 1e-5
+
+
+def resolution(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """The resolution of statistics read along ``dim`` (for :func:`max_test`, per column): the larger of
+    :data:`MASS_RESOLUTION` and :data:`RELATIVE_RESOLUTION` times their largest magnitude. Sources closer than this
+    are tied, and a reference spread below it is no spread the data can tell from rounding."""
+    top = values.double().abs().amax(dim)
+    return torch.clamp(RELATIVE_RESOLUTION * top, min=MASS_RESOLUTION)
+
+
+def standardise(diff: torch.Tensor, sd: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+    """z = diff / max(sd, res), and 0 where |diff| ≤ res (a tie at the statistics' resolution). A reference without
+    spread beyond ``res`` counts resolution units (at most 2 / RELATIVE_RESOLUTION) instead of dividing by rounding
+    noise, which gave z of 10³–10⁶ that moved by percents when the same attention was summed in another order."""
+    return torch.where(diff.abs() > res, diff / torch.maximum(sd, res), torch.zeros_like(diff))
+
 if TYPE_CHECKING:
     from kvroute.tasks.instance import TaskInstance
     from kvroute.tasks.prompt import Prompt
@@ -270,10 +292,12 @@ def null_test(m_ev: float, m_null: torch.Tensor, alpha: float) -> dict[str, Any]
     mu = float(m_null.mean())
     sd = float(m_null.std()) if n > 1 else 0.0
     p = (1 + int((m_null >= m_ev).sum())) / (1 + n)
+    res = resolution(torch.cat([m_null.double().flatten(), torch.tensor([m_ev], dtype=torch.float64)]))
+    z = float(standardise(torch.tensor(m_ev - mu, dtype=torch.float64), torch.tensor(sd, dtype=torch.float64), res))
     return {
         "routed_null_mass": mu,
         "routed_null_q95": float(torch.quantile(m_null.double(), 0.95)),
-        "routed_z": (m_ev - mu) / sd if sd > 0 else None,
+        "routed_z": z if n > 1 else None,
         "routed_p": p,
         "routed_reachable": bool(p <= alpha) if 1 / (1 + n) <= alpha else None,
         "routed_null_draws": n,
@@ -303,9 +327,11 @@ def max_test(stats: torch.Tensor, alpha: float, overlap: torch.Tensor | None = N
     columns. The evidence and each null are treated alike, so if the evidence were just another draw like
     the nulls its rank among the 1 + n maxima would be uniform: p = (1 + #{null max ≥ evidence max}) /
     (1 + n) is then an exact rank-test p-value (ties count against the evidence). Reachable iff p ≤ α,
-    undecided (None) when n is too small for any p to reach α. A column in which the reference sources
-    all read the same value has no spread: a source above it gets z = 1e6, one equal to it 0. Returns the
-    evidence's max z, the column that gave it and the p-value."""
+    undecided (None) when n is too small for any p to reach α. Differences and spreads are read at the column's
+    :func:`resolution` (:func:`standardise`): a source within it of its reference mean gets z = 0, and a column in
+    which the reference sources read the same value to that resolution counts resolution units, so z stays
+    reproducible when the same attention is summed in another order. Returns the evidence's max z, the column that
+    gave it and the p-value."""
     S = stats.shape[0]
     n = S - 1
     none = {"routed_reachable": None, "routed_p": None, "routed_z": None, "routed_column": None,
@@ -322,10 +348,7 @@ def max_test(stats: torch.Tensor, alpha: float, overlap: torch.Tensor | None = N
     mean = (w @ x) / cnt
     var = ((w @ (x * x)) - cnt * mean * mean) / (cnt - 1)
     sd = var.clamp(min=0).sqrt()
-    diff = x - mean
-    tiny = 1e-9 * x.abs().amax(0).clamp(min=1e-30)
-    flat = torch.where(diff > tiny, 1e6, torch.where(diff < -tiny, -1e6, 0.0)).double()
-    z = torch.where(sd > tiny, diff / sd.clamp(min=1e-300), flat)
+    z = standardise(x - mean, sd, resolution(x).unsqueeze(0))
     mx, arg = z.max(dim=1)
     p = (1 + int((mx[1:] >= mx[0]).sum())) / (1 + n)
     return {"routed_reachable": bool(p <= alpha) if 1 / (1 + n) <= alpha else None, "routed_p": p,
