@@ -8,14 +8,15 @@ decode. Modes:
 
 - `one-shot`: every forward over the whole context at once, masked (float32 scores and probabilities
   [Hkv, B, G·q, T + s] per layer; `gather = false`); run at the first question length, up to `--one-shot-max`;
-- `planned`: the defaults: the question forward over each cell's kept entries (kvroute.engine.gather, split to
-  the budget), the decode steps at once or in chunks of the context past the budget (kvroute.engine.streaming);
-  the budget is a quarter of the free memory, or `--budget-mb`.
+- `planned`: the defaults: the question forward over each cell's kept entries (kvroute.engine.gather, in slices
+  of at most the budget and GATHER_SLICE_BYTES), the decode steps at once or in chunks of the context past the
+  budget (kvroute.engine.streaming); the budget is a quarter of the free memory, or `--budget-mb`.
 
 Both modes give the same tokens (checked here on every length both run). The table also gives the
 memory the one-shot form would need per forward (`one_shot_bytes`) and the context K/V of the prefill;
 the last lines fit the planned peak against context length (its slope in MB per MB of context K/V) per
-question length.
+question length. The cells' own K/V (64 cells × their question and generated tokens: state a pruned cache holds
+as well) is given beside the peak: it grows with the question, not with the context.
 
     python benchmarks/attention_memory.py [--model smollm2-135m] [--lengths 512 2048 8192 16384] [--questions 50 200]
 """
@@ -53,7 +54,8 @@ t0 = time.perf_counter()
 outs = decode_cells(lm.model, None, pre, ids[n:], masks, settings=settings)
 seconds = time.perf_counter() - t0
 kv_mb = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in zip(pre.keys, pre.values)) / 2**20
-print(json.dumps({"peak_mb": status("VmHWM") - base, "seconds": seconds, "kv_mb": kv_mb,
+own_mb = kv_mb / n * 64 * (q + 2)  # the cells' own K/V: their question and generated tokens (a pruned cache holds them)
+print(json.dumps({"peak_mb": status("VmHWM") - base, "seconds": seconds, "kv_mb": kv_mb, "own_mb": own_mb,
                   "tokens": [o.tokens for o in outs]}))
 """
 
@@ -76,6 +78,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
+    from kvroute.engine.gather import GATHER_SLICE_BYTES
     from kvroute.engine.streaming import attention_budget, one_shot_bytes
     from kvroute.models import load_model
 
@@ -109,20 +112,22 @@ def main() -> int:
         "64 cells (random keep masks at ratios 0.01…0.64), a question of the given length and one generated token, "
         "capture off, a fresh process per row; peak = growth of the decode process's peak RSS over its resident size "
         "after the prefill. One-shot: every forward over all T context keys at once, masked (`gather = false`, no "
-        "budget). Planned: the defaults — the question forward over each cell's kept entries (gathered, split to the "
-        f"budget), decode steps at once or in chunks past the budget ({budget / 2**30:.1f} GiB, "
+        "budget). Planned: the defaults — the question forward over each cell's kept entries (gathered, in slices of "
+        f"at most the budget and {GATHER_SLICE_BYTES / 2**20:.0f} MB), decode steps at once or in chunks past the "
+        f"budget ({budget / 2**30:.1f} GiB, "
         f"{'given' if args.budget_mb > 0 else 'a quarter of the free memory'}).",
         "",
-        "| context tokens | question tokens | context K/V MB | one-shot would need per forward | one-shot peak MB (s) "
-        "| planned peak MB (s) | same tokens |",
-        "|---|---|---|---|---|---|---|",
+        "| context tokens | question tokens | context K/V MB | cells' own K/V MB | one-shot would need per forward "
+        "| one-shot peak MB (s) | planned peak MB (s) | same tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for n, question, need, res, same in rows:
         kv = next(iter(res.values()))["kv_mb"]
         one = res.get("one-shot")
         one_s = f"{one['peak_mb']:.0f} ({one['seconds']:.1f})" if one else "— (not run)"
         pl = res["planned"]
-        lines.append(f"| {n} | {question} | {kv:.0f} | {need / 2**20:.0f} MB | {one_s} "
+        own = next(iter(res.values()))["own_mb"]
+        lines.append(f"| {n} | {question} | {kv:.0f} | {own:.0f} | {need / 2**20:.0f} MB | {one_s} "
                      f"| {pl['peak_mb']:.0f} ({pl['seconds']:.1f}) | {same} |")
     lines.append("")
     for question in args.questions:
