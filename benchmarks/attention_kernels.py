@@ -38,7 +38,7 @@ def main() -> int:
 
     from kvroute.engine.attention import MaskedContext, _one_shot
     from kvroute.engine.gather import GATHER_MIN_QUERIES, gathered_context_attention
-    from kvroute.engine.streaming import chunked_context_attention
+    from kvroute.engine.streaming import chunked_context_attention, keep_bias
     from kvroute.models import load_model
 
     model = load_model(args.model, dtype="float32").model
@@ -59,14 +59,15 @@ def main() -> int:
             for h in range(Hkv):
                 keep[h, b, 0, torch.randperm(T, generator=g)[: int(T * (1 - r))]] = True
         kept = int(keep.sum())
+        bias = keep_bias(keep, torch.float32)  # the engine builds it once per layer and batch, for every step
         for q in args.queries:
             s = q + 10  # the suffix: the question so far and the query positions
             qg = torch.randn(B, Hkv, G * q, D, generator=g)
             key, value = torch.randn(B, Hkv, s, D, generator=g), torch.randn(B, Hkv, s, D, generator=g)
             forms = {
                 "one-shot": partial(_one_shot, MaskedContext([k_ctx[None]], [v_ctx[None]], keep, None), 0, qg, k_ctx,
-                                    v_ctx, keep, key, value, q=q, scale=D**-0.5),
-                "chunked": partial(chunked_context_attention, qg, k_ctx, v_ctx, keep, key, value, q=q, scale=D**-0.5,
+                                    v_ctx, bias, key, value, q=q, scale=D**-0.5),
+                "chunked": partial(chunked_context_attention, qg, k_ctx, v_ctx, bias, key, value, q=q, scale=D**-0.5,
                                    chunk=args.chunk),
                 "gathered": partial(gathered_context_attention, qg, k_ctx, v_ctx, keep, key, value, q=q,
                                     scale=D**-0.5),

@@ -40,3 +40,29 @@ def test_planner_keeps_one_shot_while_it_fits_and_chunks_past_the_budget():
     chunk = context_chunk(64, 32, 50, 32_768, budget=need // 10)
     assert chunk is not None and one_shot_bytes(64, 32, 50, chunk) <= need // 10 < one_shot_bytes(64, 32, 50, chunk + 1)
     assert context_chunk(64, 32, 50, 32_768, budget=1) == MIN_CHUNK
+
+
+def test_the_additive_keep_mask_is_the_masked_fill_and_follows_the_cells():
+    """keep_bias added to scores is exactly masked_fill(~keep, −inf); MaskedContext caches it per layer, drops
+    the cache when keep is replaced and carries it along when cells leave the batch (select)."""
+    from kvroute.engine.streaming import keep_bias
+
+    g = torch.Generator().manual_seed(5)
+    B, L, Hkv, T = 5, 3, 2, 40
+    keep = torch.rand(B, L, Hkv, T, generator=g) > 0.5
+    scores = torch.randn(Hkv, B, 3, T, generator=g)
+    k = keep[:, 1].transpose(0, 1).unsqueeze(2)
+    assert torch.equal(scores + keep_bias(k, torch.float32), scores.masked_fill(~k, float("-inf")))
+    ctx = MaskedContext([torch.zeros(1, Hkv, T, 4)] * L, [torch.zeros(1, Hkv, T, 4)] * L, keep)
+    first = ctx.context_bias(1, torch.float32)
+    assert ctx.context_bias(1, torch.float32) is first  # cached
+    assert torch.equal(first, keep_bias(k, torch.float32))
+    alive = torch.tensor([0, 3, 4])
+    ctx.select(alive)
+    assert torch.equal(ctx.keep, keep[alive])
+    assert torch.equal(ctx.context_bias(1, torch.float32), keep_bias(keep[alive][:, 1].transpose(0, 1).unsqueeze(2),
+                                                                      torch.float32))
+    ctx.keep = keep[:2]  # replaced: the cache follows the new masks
+    assert torch.equal(ctx.context_bias(2, torch.float32), keep_bias(keep[:2, 2].transpose(0, 1).unsqueeze(2),
+                                                                      torch.float32))
+    assert ctx.context_bias(2, torch.bfloat16).dtype == torch.bfloat16

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvroute.engine.gather import GATHER_MIN_QUERIES, GATHER_SLICE_BYTES, gathered_bytes, gathered_context_attention
-from kvroute.engine.streaming import chunked_context_attention, probability_rows, suffix_causal
+from kvroute.engine.streaming import chunked_context_attention, keep_bias, probability_rows, suffix_causal
 from kvroute.errors import EngineError
 
 IMPLEMENTATION = "kvroute_masked"
@@ -55,6 +55,29 @@ class MaskedContext:
     # forwards of at least this many queries per cell attend each cell's kept context entries only (gathered,
     # kvroute.engine.gather); None: every forward multiplies all T context keys (one-shot or chunked)
     gather_from: int | None = GATHER_MIN_QUERIES
+    # per layer, the additive form of ``keep`` (kvroute.engine.streaming.keep_bias) in the scores' dtype, built on
+    # first use and reused by every forward of the batch; emptied when ``keep`` is replaced (see __setattr__)
+    _bias: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "keep":
+            super().__setattr__("_bias", {})
+
+    def context_bias(self, layer: int, dtype: torch.dtype) -> torch.Tensor:
+        """``[Hkv, B, 1, T]``: 0 where a cell keeps a context entry of ``layer``, −inf where not (cached)."""
+        bias = self._bias.get(layer)
+        if bias is None or bias.dtype != dtype:
+            bias = self._bias[layer] = keep_bias(self.keep[:, layer].transpose(0, 1).unsqueeze(2), dtype)
+        return bias
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the cells ``rows`` (the ones still decoding), their cached additive masks included."""
+        kept = {layer: bias.index_select(1, rows) for layer, bias in self._bias.items()}
+        self.keep = self.keep.index_select(0, rows)
+        self._bias = kept
+        if self.suffix_keep is not None:
+            self.suffix_keep = self.suffix_keep.index_select(0, rows)
 
     def captured(self, q: int) -> range:
         """The query indices of a forward of ``q`` queries whose attention rows ``on_probs`` receives."""
@@ -80,7 +103,7 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
     scale = scaling if scaling is not None else D**-0.5
 
     qg = query.reshape(B, Hkv, G * q, D)  # [B, Hkv, G·q, D]: rows of one KV head's group, (g, i) order
-    keep = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T]
+    keep = ctx.keep[:, layer].transpose(0, 1).unsqueeze(2)  # [Hkv, B, 1, T] (the gathered form's indices)
     own = None if ctx.suffix_keep is None else ctx.suffix_keep[:, : key.shape[2]]  # [B, s]
     # a gathered slice takes at most the budget and GATHER_SLICE_BYTES; it gathers unless one query row of one cell
     # over the whole context is past that (a budget of a few MB: the chunked form runs)
@@ -91,31 +114,34 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
     if gather or chunked:  # the captured rows on their own (the other queries' rows are never materialised)
         for i in ctx.captured(q):
             assert ctx.on_probs is not None
-            ctx.on_probs(layer, probability_rows(qg, k_ctx, keep, key, q=q, index=i, scale=scale, own=own), i)
+            ctx.on_probs(layer, probability_rows(qg, k_ctx, ctx.context_bias(layer, qg.dtype), key, q=q, index=i,
+                                                   scale=scale, own=own), i)
     if gather:
         out = gathered_context_attention(qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale, own=own,
                                          budget=limit)  # [Hkv, B, G·q, D]
     elif chunked:
         assert ctx.context_chunk is not None
-        out = chunked_context_attention(qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale,
-                                        chunk=ctx.context_chunk, own=own)  # [Hkv, B, G·q, D]
+        out = chunked_context_attention(qg, k_ctx, v_ctx, ctx.context_bias(layer, qg.dtype), key, value, q=q,
+                                        scale=scale, chunk=ctx.context_chunk, own=own)  # [Hkv, B, G·q, D]
     else:
-        out = _one_shot(ctx, layer, qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale, own=own)
+        out = _one_shot(ctx, layer, qg, k_ctx, v_ctx, ctx.context_bias(layer, qg.dtype), key, value, q=q, scale=scale,
+                        own=own)
     # [Hkv, B, G·q, D] -> [B, Hkv, G, q, D] -> [B, q, H, D]
     return out.transpose(0, 1).reshape(B, Hkv, G, q, D).reshape(B, H, q, D).transpose(1, 2).contiguous(), None
 
 
 def _one_shot(ctx: MaskedContext, layer: int, qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
-              keep: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
+              bias: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
               own: torch.Tensor | None = None) -> torch.Tensor:
     """The masked attention output ``[Hkv, B, G·q, D]`` with the whole context at once (shapes as in the caller;
-    ``own`` bool ``[B, s]``: the suffix slots each cell may see, None for all)."""
+    ``bias`` ``[Hkv, B, 1, T]``: the additive keep mask; ``own`` bool ``[B, s]``: the suffix slots each cell may
+    see, None for all)."""
     B, Hkv, R, D = qg.shape
     G, T, s = R // q, k_ctx.shape[1], key.shape[2]
     # context part: fold cells into rows -> one bmm per KV head against the shared keys
     q_rows = qg.transpose(0, 1).reshape(Hkv, B * G * q, D)  # [Hkv, B·G·q, D]
     s_ctx = torch.bmm(q_rows, k_ctx.transpose(1, 2)).view(Hkv, B, G * q, T).mul_(scale)  # [Hkv, B, G·q, T]
-    s_ctx.masked_fill_(~keep, float("-inf"))  # (in place on fresh tensors: the same numbers, no copies)
+    s_ctx.add_(bias)  # masked: −inf (in place on fresh tensors: the same numbers as a masked fill, no copies)
     # suffix part: each cell's own tokens, causal
     s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G·q, s]
     s_suf.masked_fill_(suffix_causal(q, G, s, qg.device), float("-inf"))

@@ -31,6 +31,14 @@ MIN_CHUNK = 64
 ATTENTION_SHARE = 0.25
 
 
+def keep_bias(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``keep`` bool → an additive mask of the same shape: 0 where kept, −inf where masked. Adding it to fresh
+    scores gives exactly what ``masked_fill(~keep, −inf)`` does, and on a CPU an add runs about ten times faster
+    than a masked fill broadcast over a KV group's query rows (the masked attention caches it per layer and batch,
+    :meth:`kvroute.engine.attention.MaskedContext.context_bias`)."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
+
+
 def suffix_causal(q: int, G: int, s: int, device: torch.device) -> torch.Tensor:
     """bool ``[G·q, s]``: True where a query row (the last ``q`` of ``s`` suffix positions, rows in (g, i)
     order for the G query heads of a KV group) may not see a suffix key (it lies after the row's own position)."""
@@ -47,13 +55,14 @@ def suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float,
     return s_suf if own is None else s_suf.masked_fill(~own[None, :, None, :], float("-inf"))
 
 
-def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, keep: torch.Tensor,
+def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, bias: torch.Tensor,
                               key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
                               chunk: int, own: torch.Tensor | None = None) -> torch.Tensor:
     """The masked attention output ``[Hkv, B, G·q, D]`` (in the query's dtype), ``chunk`` context keys at a time.
 
     ``qg`` ``[B, Hkv, G·q, D]``: each KV head's query rows, (g, i) order; ``k_ctx``/``v_ctx`` ``[Hkv, T, D]``:
-    the shared context; ``keep`` bool ``[Hkv, B, 1, T]``; ``key``/``value`` ``[B, Hkv, s, D]``: the cells' own
+    the shared context; ``bias`` ``[Hkv, B, 1, T]``: 0 where a cell keeps an entry, −inf where not (:func:`keep_bias`);
+    ``key``/``value`` ``[B, Hkv, s, D]``: the cells' own
     suffix, whose last ``q`` positions are the queries'; ``own`` bool ``[B, s]``: the suffix slots each cell may
     see (None: all). Every row sees at least its own suffix position, so
     the running maximum starts finite from the suffix part, and a cell that keeps no context entry is fine.
@@ -69,7 +78,7 @@ def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torc
     for a in range(0, T, chunk):
         b = min(T, a + chunk)
         sc = torch.bmm(q_rows, k_ctx[:, a:b].transpose(1, 2)).view(Hkv, B, R, b - a).float() * scale
-        sc = sc.masked_fill(~keep[..., a:b], float("-inf"))
+        sc.add_(bias[..., a:b])
         m_new = torch.maximum(m, sc.amax(-1, keepdim=True))
         fix = torch.exp(m - m_new)
         e = torch.exp(sc - m_new)
@@ -79,15 +88,16 @@ def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torc
     return (acc / total).to(qg.dtype)
 
 
-def probability_rows(qg: torch.Tensor, k_ctx: torch.Tensor, keep: torch.Tensor, key: torch.Tensor, *, q: int,
+def probability_rows(qg: torch.Tensor, k_ctx: torch.Tensor, bias: torch.Tensor, key: torch.Tensor, *, q: int,
                      index: int, scale: float, own: torch.Tensor | None = None) -> torch.Tensor:
     """The float32 attention probabilities of query ``index`` (of the ``q``) of every cell and query head,
-    ``[B, H, T + s]`` (query head = kv·G + g): the rows the metrics capture, without the other queries'."""
+    ``[B, H, T + s]`` (query head = kv·G + g): the rows the metrics capture, without the other queries'. ``bias``:
+    the cells' additive keep mask ``[Hkv, B, 1, T]`` (:func:`keep_bias`)."""
     B, Hkv, R, D = qg.shape
     G, T = R // q, k_ctx.shape[1]
     qi = qg[:, :, index::q]  # [B, Hkv, G, D]: query ``index`` of each head of the group
     sc = torch.bmm(qi.transpose(0, 1).reshape(Hkv, B * G, D), k_ctx.transpose(1, 2)).view(Hkv, B, G, T) * scale
-    sc = sc.masked_fill(~keep, float("-inf"))
+    sc.add_(bias)
     s = key.shape[2]
     ss = torch.matmul(qi, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G, s]
     ss = ss.masked_fill(torch.arange(s, device=qg.device) > s - q + index, float("-inf"))
