@@ -65,4 +65,7 @@ def test_the_additive_keep_mask_is_the_masked_fill_and_follows_the_cells():
     ctx.keep = keep[:2]  # replaced: the cache follows the new masks
     assert torch.equal(ctx.context_bias(2, torch.float32), keep_bias(keep[:2, 2].transpose(0, 1).unsqueeze(2),
                                                                       torch.float32))
-    assert ctx.context_bias(2, torch.bfloat16).dtype == torch.bfloat16
+    assert ctx.context_bias(2, torch.float32).dtype == torch.bfloat16  # two bytes, exact at 0 and −inf
+    assert keep_bias(k, torch.float16).dtype == torch.float16
+    half = scores.half()
+    assert torch.equal(half + keep_bias(k, torch.float16), half.masked_fill(~k, float("-inf")))

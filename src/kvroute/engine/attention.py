@@ -55,7 +55,7 @@ class MaskedContext:
     # forwards of at least this many queries per cell attend each cell's kept context entries only (gathered,
     # kvroute.engine.gather); None: every forward multiplies all T context keys (one-shot or chunked)
     gather_from: int | None = GATHER_MIN_QUERIES
-    # per layer, the additive form of ``keep`` (kvroute.engine.streaming.keep_bias) in the scores' dtype, built on
+    # per layer, the additive form of ``keep`` (kvroute.engine.streaming.keep_bias, two bytes an entry), built on
     # first use and reused by every forward of the batch; emptied when ``keep`` is replaced (see __setattr__)
     _bias: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -65,9 +65,10 @@ class MaskedContext:
             super().__setattr__("_bias", {})
 
     def context_bias(self, layer: int, dtype: torch.dtype) -> torch.Tensor:
-        """``[Hkv, B, 1, T]``: 0 where a cell keeps a context entry of ``layer``, −inf where not (cached)."""
+        """``[Hkv, B, 1, T]``: 0 where a cell keeps a context entry of ``layer``, −inf where not, to add to scores of
+        ``dtype`` (:func:`kvroute.engine.streaming.keep_bias`; two bytes an entry, cached)."""
         bias = self._bias.get(layer)
-        if bias is None or bias.dtype != dtype:
+        if bias is None:
             bias = self._bias[layer] = keep_bias(self.keep[:, layer].transpose(0, 1).unsqueeze(2), dtype)
         return bias
 

@@ -71,7 +71,7 @@ class MemoryShape:
         states of every layer kept when ``capture``), the logits of ``new + 1`` positions, its attention rows at the
         smallest context chunk, and with ``capture`` the captured attention row of its last prompt token while it is
         computed."""
-        mask = self.layers * self.kv_heads * T * (1 + self.dtype_bytes)  # bool, and its additive form (cached)
+        mask = self.layers * self.kv_heads * T * (1 + 2)  # bool, and its additive form (two bytes, cached)
         suffix = 2 * self.layers * self.kv_heads * (q + 2 * new + 1) * self.head_dim * self.dtype_bytes
         states = (self.layers + 1 if capture else 4) * q * self.hidden * self.dtype_bytes
         mlp = 3 * q * self.intermediate * self.dtype_bytes

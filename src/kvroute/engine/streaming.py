@@ -31,11 +31,13 @@ MIN_CHUNK = 64
 ATTENTION_SHARE = 0.25
 
 
-def keep_bias(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``keep`` bool → an additive mask of the same shape: 0 where kept, −inf where masked. Adding it to fresh
-    scores gives exactly what ``masked_fill(~keep, −inf)`` does, and on a CPU an add runs about ten times faster
-    than a masked fill broadcast over a KV group's query rows (the masked attention caches it per layer and batch,
+def keep_bias(keep: torch.Tensor, scores: torch.dtype) -> torch.Tensor:
+    """``keep`` bool → an additive mask of the same shape: 0 where kept, −inf where masked, in two bytes (float16
+    for float16 scores, else bfloat16: both hold 0 and −inf exactly). Adding it to fresh scores of dtype
+    ``scores`` gives exactly what ``masked_fill(~keep, −inf)`` does, and on a CPU the add runs 10–20 times faster
+    than a masked fill broadcast over a KV group's query rows (the masked attention keeps it per layer for a batch,
     :meth:`kvroute.engine.attention.MaskedContext.context_bias`)."""
+    dtype = torch.float16 if scores == torch.float16 else torch.bfloat16
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
