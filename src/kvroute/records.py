@@ -102,7 +102,7 @@ METRIC_FIELDS: dict[str, str] = {
                         "the pooled test here (the loader moves it to routed_reachable_pooled)",
     "routed_p": "layer-max rank-test p-value (1 + #null max ≥ evidence max) / (1 + null draws)",
     "routed_z": "the evidence's largest standardised statistic over the 2L (layer, kind) columns",
-    "routed_layer": "layer (1 … L) whose statistic gave routed_z (given with ≥ 2 null draws, also when undecided)",
+    "routed_layer": "layer (1 … L) whose statistic gave routed_z (given when routed_z > 0, also when undecided)",
     "routed_kind": "which statistic gave routed_z: direct (attention onto the evidence) or rollout (routed read)",
     "routed_null_draws": "number of disjoint null sources the document allowed (route_null when it has room)",
     "routed_reachable_pooled": "bool: the pooled test — routed_evidence_mass beats the null sources' pooled masses at "

@@ -162,6 +162,7 @@ def test_max_test_ranks_the_evidence_among_the_nulls_own_maxima():
     assert out["routed_reachable"] is True and out["routed_p"] == pytest.approx(1 / 20) and out["routed_column"] == 4
     low = torch.cat([torch.full((1, 6), -10.0), nulls])
     assert max_test(low, 0.05)["routed_p"] == pytest.approx(1.0) and max_test(low, 0.05)["routed_reachable"] is False
+    assert max_test(low, 0.05)["routed_column"] is None  # below its nulls everywhere: no column is named
     assert max_test(top[:6], 0.05)["routed_reachable"] is None  # 5 draws cannot reach p ≤ 0.05
     # every reference source reads the same value: above it is a route, equal to it is not
     flat = torch.zeros(20, 3)

@@ -331,7 +331,8 @@ def max_test(stats: torch.Tensor, alpha: float, overlap: torch.Tensor | None = N
     :func:`resolution` (:func:`standardise`): a source within it of its reference mean gets z = 0, and a column in
     which the reference sources read the same value to that resolution counts resolution units, so z stays
     reproducible when the same attention is summed in another order. Returns the evidence's max z, the column that
-    gave it and the p-value."""
+    gave it (None unless z > 0: where the evidence reads above its nulls nowhere, no column is named — at z = 0 it
+    ties in every column within the resolution) and the p-value."""
     S = stats.shape[0]
     n = S - 1
     none = {"routed_reachable": None, "routed_p": None, "routed_z": None, "routed_column": None,
@@ -352,7 +353,8 @@ def max_test(stats: torch.Tensor, alpha: float, overlap: torch.Tensor | None = N
     mx, arg = z.max(dim=1)
     p = (1 + int((mx[1:] >= mx[0]).sum())) / (1 + n)
     return {"routed_reachable": bool(p <= alpha) if 1 / (1 + n) <= alpha else None, "routed_p": p,
-            "routed_z": float(mx[0]), "routed_column": int(arg[0]), "routed_null_draws": n}
+            "routed_z": float(mx[0]), "routed_column": int(arg[0]) if float(mx[0]) > 0 else None,
+            "routed_null_draws": n}
 
 
 @register
