@@ -69,3 +69,13 @@ def test_the_additive_keep_mask_is_the_masked_fill_and_follows_the_cells():
     assert keep_bias(k, torch.float16).dtype == torch.float16
     half = scores.half()
     assert torch.equal(half + keep_bias(k, torch.float16), half.masked_fill(~k, float("-inf")))
+    # rows_of: inside, row i is cell rows[i] (repeats allowed) with nothing captured; after, all is as it was
+    cached = ctx.context_bias(2, torch.float32)
+    hook = ctx.on_probs = lambda *a: None
+    rows = torch.tensor([1, 1, 0])
+    with ctx.rows_of(rows):
+        assert torch.equal(ctx.keep, keep[:2][rows]) and ctx.on_probs is None
+        assert torch.equal(ctx.context_bias(2, torch.float32), keep_bias(keep[:2][rows][:, 2].transpose(0, 1)
+                                                                          .unsqueeze(2), torch.float32))
+    assert torch.equal(ctx.keep, keep[:2]) and ctx.on_probs is hook
+    assert ctx.context_bias(2, torch.float32) is cached

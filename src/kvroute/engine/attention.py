@@ -80,6 +80,18 @@ class MaskedContext:
         if self.suffix_keep is not None:
             self.suffix_keep = self.suffix_keep.index_select(0, rows)
 
+    @contextlib.contextmanager
+    def rows_of(self, rows: torch.Tensor) -> Iterator[None]:
+        """Within the block, row i of a forward is cell ``rows[i]`` (cells may repeat) and nothing is captured;
+        afterwards ``keep``, ``on_probs`` and the cached additive masks are as before."""
+        saved = self.keep, self.on_probs, self._bias
+        self.keep, self.on_probs = self.keep.index_select(0, rows), None
+        try:
+            yield
+        finally:
+            self.keep, self.on_probs = saved[:2]
+            super().__setattr__("_bias", saved[2])  # (replacing keep emptied the cache)
+
     def captured(self, q: int) -> range:
         """The query indices of a forward of ``q`` queries whose attention rows ``on_probs`` receives."""
         if self.on_probs is None:

@@ -193,15 +193,10 @@ def _sequence_lens(model: nn.Module, cache: SuffixCache, ctx: MaskedContext, que
     inputs = torch.tensor([(s[:-1] + [s[-1]] * M)[:M] for s in seqs], device=device)  # [S, M]
     targets = torch.tensor([(s[1:] + [s[-1]] * M)[:M] for s in seqs], device=device)  # [S, M]
     valid = torch.tensor([[j < len(s) - 1 for j in range(M)] for s in seqs], device=device)  # [S, M]
-    saved = ctx.keep, ctx.on_probs, ctx._bias
-    ctx.keep, ctx.on_probs = ctx.keep.index_select(0, rows), None
-    try:
-        pos = torch.arange(cache.context_len + question_len, cache.context_len + question_len + M, device=device)
+    pos = torch.arange(cache.context_len + question_len, cache.context_len + question_len + M, device=device)
+    with ctx.rows_of(rows):
         res = model(input_ids=inputs.repeat(B, 1), past_key_values=sub, position_ids=pos.unsqueeze(0).expand(B * S, -1),
                     cache_position=pos, use_cache=True, output_hidden_states=True)
-    finally:
-        ctx.keep, ctx.on_probs = saved[:2]
-        ctx._bias = saved[2]  # (replacing keep emptied the cache)
     sel = valid.repeat(B, 1)  # [B·S, M]
     lp = _lens_targets(model, [h[sel] for h in res.hidden_states], res.logits[sel], targets.repeat(B, 1)[sel])
     total = torch.zeros(B * S, L, dtype=torch.float32, device=device)
