@@ -1,4 +1,4 @@
-"""The masked attention's three forms side by side: one-shot, chunked (online softmax) and gathered (kept entries only).
+"""The masked attention's forms side by side: one-shot, chunked (online softmax) and gathered (kept entries only).
 
 One layer's masked attention for the cells of the grid_speed grid (3 presses × 9 ratios 0.1…0.9: each cell keeps
 exactly (1 − α)·T context entries per KV head, at random positions) with the model's head shapes, at several
@@ -7,7 +7,9 @@ task). Every form is timed on the same random tensors, repeats interleaved; the 
 gather (it gathers per forward). The table shows the median milliseconds per layer and, per row, the gathered form
 against the one-shot one; the last lines say from how many queries per cell the gathered form is the faster at every
 length, which is what ``kvroute.engine.gather.GATHER_MIN_QUERIES`` is set from. The FLOPs of the score and value
-products are counted too (the gathered form's over the kept entries only).
+products are counted too (the gathered form's over the kept entries only). Where PyTorch's fused CPU attention kernel
+is present (``kvroute.engine.streaming.FUSED``), the one-shot and gathered forms use it, and the same two forms are
+also timed with it off (explicit scores, softmax and values), side by side.
 
     python benchmarks/attention_kernels.py [--model smollm2-135m] [--lengths 512 2048 8192] [--queries 1 4 8 16 47]
 """
@@ -36,10 +38,20 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
 
+    from kvroute.engine import streaming
     from kvroute.engine.attention import MaskedContext, _one_shot
     from kvroute.engine.gather import GATHER_MIN_QUERIES, gathered_context_attention
     from kvroute.engine.streaming import chunked_context_attention, keep_bias
     from kvroute.models import load_model
+
+    fused = streaming.FUSED
+
+    def explicit(f):  # noqa: ANN001, ANN202 - a form with the fused kernel turned off for the call
+        streaming.FUSED = False
+        try:
+            return f()
+        finally:
+            streaming.FUSED = fused
 
     model = load_model(args.model, dtype="float32").model
     config = getattr(model.config, "text_config", model.config)
@@ -72,6 +84,9 @@ def main() -> int:
                 "gathered": partial(gathered_context_attention, qg, k_ctx, v_ctx, keep, key, value, q=q,
                                     scale=D**-0.5),
             }
+            if fused:  # the same two forms with the fused kernel off
+                forms["one-shot explicit"] = partial(explicit, forms["one-shot"])
+                forms["gathered explicit"] = partial(explicit, forms["gathered"])
             times: dict[str, list[float]] = {k: [] for k in forms}
             for f in forms.values():
                 f()  # warm-up
@@ -81,7 +96,7 @@ def main() -> int:
                     f()
                     times[name].append(time.perf_counter() - t0)
             ref = forms["one-shot"]()
-            diff = max(float((forms[n]() - ref).abs().max()) for n in ("chunked", "gathered"))
+            diff = max(float((f() - ref).abs().max()) for n, f in forms.items() if n != "one-shot")
             med = {k: 1000 * statistics.median(v) for k, v in times.items()}
             full_flops, kept_flops = 4 * B * G * q * T * D * Hkv, 4 * G * q * kept * D
             rows.append((T, q, med, full_flops, kept_flops, diff))
@@ -102,12 +117,20 @@ def main() -> int:
         "and value products (the gathered form's over the kept entries only).",
         "",
         "| context T | queries per cell | one-shot ms | chunked ms | gathered ms (with its gather) "
-        "| gathered / one-shot | GFLOP all T | GFLOP kept | largest difference from one-shot |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| gathered / one-shot | GFLOP all T | GFLOP kept | largest difference from one-shot |"
+        + (" one-shot explicit ms | gathered explicit ms |" if fused else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fused else ""),
         *[f"| {T} | {q} | {m['one-shot']:.2f} | {m['chunked']:.2f} | {m['gathered']:.2f} | "
           f"{m['gathered'] / m['one-shot']:.2f} | {ff / 1e9:.2f} | {kf / 1e9:.2f} | {d:.1e} |"
+          + (f" {m['one-shot explicit']:.2f} | {m['gathered explicit']:.2f} |" if fused else "")
           for T, q, m, ff, kf, d in rows],
         "",
+        *([f"One-shot and gathered use PyTorch's fused CPU attention kernel (the context part in one call, the suffix "
+           "joined through its log-sum-exp); the explicit columns are the same forms with it off. Fused / explicit, "
+           "median over the rows: one-shot "
+           f"{statistics.median(m['one-shot'] / m['one-shot explicit'] for *_, m, _, _, _ in rows):.2f}, gathered "
+           f"{statistics.median(m['gathered'] / m['gathered explicit'] for *_, m, _, _, _ in rows):.2f}.", ""]
+          if fused else ["The fused kernel is not present in this PyTorch: every form is explicit.", ""]),
         (f"The gathered form is the faster at every length from {from_q} queries per cell up "
          if from_q is not None else "The gathered form is never the faster at every length ")
         + f"(the engine gathers from GATHER_MIN_QUERIES = {GATHER_MIN_QUERIES}); below that, a decode step's one "

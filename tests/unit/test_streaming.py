@@ -79,3 +79,41 @@ def test_the_additive_keep_mask_is_the_masked_fill_and_follows_the_cells():
                                                                           .unsqueeze(2), torch.float32))
     assert torch.equal(ctx.keep, keep[:2]) and ctx.on_probs is hook
     assert ctx.context_bias(2, torch.float32) is cached
+
+
+@pytest.mark.parametrize("dtype, q, gather_from", [
+    (torch.float32, 1, None),  # a decode step, the whole context (one-shot)
+    (torch.float32, 6, None),  # a question forward over the whole context
+    (torch.float32, 6, 1),  # the same, gathered (each cell's kept entries only)
+    (torch.bfloat16, 1, None),
+    (torch.bfloat16, 6, 1),
+])
+def test_the_fused_kernel_equals_the_explicit_forms(monkeypatch, dtype, q, gather_from):
+    """With PyTorch's fused CPU kernel (the context part in one call, the suffix joined through the log-sum-exp) the
+    output equals the explicit scores-softmax-values form, for cells that keep everything, nothing, nothing of one
+    KV head only, or a different count per head, and the kernel really ran (and did not, when turned off)."""
+    from kvroute.engine import streaming
+
+    g = torch.Generator().manual_seed(11 + q)
+    B, Hkv, G, s, T, D = 6, 2, 3, q + 4, 70, 16
+    keep = torch.zeros(B, 1, Hkv, T, dtype=torch.bool)
+    for b, n in enumerate([T, 0, 30, 45, 12, 60]):
+        for h in range(Hkv):
+            keep[b, 0, h, torch.randperm(T, generator=g)[: n - 5 * h * (b > 1)]] = True
+    keep[2, 0, 1] = False  # a cell that keeps nothing of one KV head only
+    k_ctx, v_ctx = (torch.randn(1, Hkv, T, D, generator=g).to(dtype) for _ in range(2))
+    query = torch.randn(B, Hkv * G, q, D, generator=g).to(dtype)
+    key, value = (torch.randn(B, Hkv, s, D, generator=g).to(dtype) for _ in range(2))
+    calls = []
+    kernel = streaming._FLASH
+    monkeypatch.setattr(streaming, "_FLASH", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    outs = {}
+    for fused in (False, True):
+        monkeypatch.setattr(streaming, "FUSED", fused)
+        calls.clear()
+        outs[fused] = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, gather_from=gather_from), query, key, value)
+        assert bool(calls) == fused
+        assert outs[fused].dtype == dtype and bool(torch.isfinite(outs[fused]).all())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(outs[True].float(), outs[False].float(), atol=tol, rtol=0), \
+        (outs[True].float() - outs[False].float()).abs().max()

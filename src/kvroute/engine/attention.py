@@ -24,7 +24,16 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvroute.engine.gather import GATHER_MIN_QUERIES, GATHER_SLICE_BYTES, gathered_bytes, gathered_context_attention
-from kvroute.engine.streaming import chunked_context_attention, keep_bias, probability_rows, suffix_causal
+from kvroute.engine.streaming import (
+    chunked_context_attention,
+    fused_available,
+    fused_context,
+    keep_bias,
+    probability_rows,
+    suffix_causal,
+    suffix_scores,
+    with_suffix,
+)
 from kvroute.errors import EngineError
 
 IMPLEMENTATION = "kvroute_masked"
@@ -151,6 +160,14 @@ def _one_shot(ctx: MaskedContext, layer: int, qg: torch.Tensor, k_ctx: torch.Ten
     see, None for all)."""
     B, Hkv, R, D = qg.shape
     G, T, s = R // q, k_ctx.shape[1], key.shape[2]
+    if T and fused_available(qg) and not ctx.captured(q):  # one fused kernel, cells folded into rows, the suffix joined
+        mask = bias.to(qg.dtype).expand(Hkv, B, R, T).reshape(1, Hkv, B * R, T)
+        o, lse = fused_context(qg.transpose(0, 1).reshape(1, Hkv, B * R, D), k_ctx[None], v_ctx[None], mask,
+                               scale=scale)
+        empty = torch.isneginf(bias).all(-1)  # [Hkv, B, 1]: the cells that keep nothing of a KV head
+        s_suf = suffix_scores(qg, key, q, scale, own)  # [Hkv, B, G·q, s] float32
+        return with_suffix(o.reshape(Hkv, B, R, D), lse.reshape(Hkv, B, R), empty, s_suf, value.transpose(0, 1),
+                           qg.dtype)
     # context part: fold cells into rows -> one bmm per KV head against the shared keys
     q_rows = qg.transpose(0, 1).reshape(Hkv, B * G * q, D)  # [Hkv, B·G·q, D]
     s_ctx = torch.bmm(q_rows, k_ctx.transpose(1, 2)).view(Hkv, B, G * q, T).mul_(scale)  # [Hkv, B, G·q, T]

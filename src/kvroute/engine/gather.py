@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from kvroute.engine.streaming import ONE_SHOT_COPIES, suffix_scores
+from kvroute.engine.streaming import ONE_SHOT_COPIES, fused_available, fused_context, suffix_scores, with_suffix
 
 #: a forward gathers the kept entries when it has at least this many queries per cell (benchmarks/attention_kernels.py:
 #: from 16 the gathered form is the faster at 512 to 8,192 context tokens; at 4 and 8 its per-group work is not repaid)
@@ -97,6 +97,7 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
     counts = kk.sum(-1).amax(0).tolist()  # [B]: the most entries any KV head of the cell keeps
     s_suf = suffix_scores(qg, key, q, scale, own)  # [Hkv, B, R, s] float32
     out = torch.empty(Hkv, B, R, D, dtype=qg.dtype, device=qg.device)
+    fused = fused_available(qg)
     heads = torch.arange(Hkv, device=qg.device).view(Hkv, 1, 1) * T
     for group in kept_groups(counts):
         width = counts[group[0]]
@@ -114,8 +115,25 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
             padded = not bool(valid.all())  # padding (or masked entries of a cell keeping the whole context)
             if padded and vals is not None:  # padded values weigh 0, and must not be inf or NaN
                 vals.masked_fill_(~valid.unsqueeze(-1), 0.0)
+                if fused and gk is not None:  # the fused kernel adds the mask to the scores: finite keys there too
+                    gk.masked_fill_(~valid.unsqueeze(-1), 0.0)
             v_suf = value.index_select(0, idx).transpose(0, 1)  # [Hkv, b, s, D]
             q_sel, s_sel = qg.index_select(0, idx).transpose(0, 1), s_suf.index_select(1, idx)  # [Hkv, b, R, ·]
+            if fused and width and gk is not None and vals is not None:
+                # one fused kernel per slice over the gathered keys; the suffix joined after (a cell keeping all T
+                # reads the shared keys below, where a masked entry's score is replaced, not added to)
+                ks, vs = gk.transpose(0, 1), vals.transpose(0, 1)  # [b, Hkv, W, D]
+                mask = None
+                if padded:  # [b, Hkv, 1, W]: −inf on padding
+                    mask = torch.zeros(valid.shape, dtype=qg.dtype, device=qg.device)
+                    mask = mask.masked_fill_(~valid, float("-inf")).unsqueeze(2).transpose(0, 1)
+                empty = ~valid.any(-1, keepdim=True)  # [Hkv, b, 1]: a KV head of which a cell keeps nothing
+                for r0 in range(0, R, rows):
+                    r = min(rows, R - r0)
+                    o, lse = fused_context(q_sel[:, :, r0 : r0 + r].transpose(0, 1), ks, vs, mask, scale=scale)
+                    out[:, idx, r0 : r0 + r] = with_suffix(o.transpose(0, 1), lse.transpose(0, 1), empty,
+                                                           s_sel[:, :, r0 : r0 + r], v_suf, qg.dtype)
+                continue
             for r0 in range(0, R, rows):
                 r = min(rows, R - r0)
                 qq = q_sel[:, :, r0 : r0 + r]  # [Hkv, b, r, D]

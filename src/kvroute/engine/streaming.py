@@ -15,11 +15,19 @@ the kept entries only, :mod:`kvroute.engine.gather`, and chunk only where even t
 Results agree with the one-shot function to float32 rounding (tests/unit/test_streaming.py); the
 order of the sums differs, so a near-tie between two next tokens could in principle resolve
 differently: the planner chunks only where the one-shot form would not fit.
+
+On a CPU, where PyTorch has its fused attention kernel (``_scaled_dot_product_flash_attention_for_cpu``,
+which returns each row's log-sum-exp), the one-shot form of a forward that captures nothing and each slice
+of the gathered form run the context part through it (:func:`fused_context`: no score or probability
+tensor is materialised) and join the cells' own suffix afterwards (:func:`with_suffix`), again equal to
+float32 rounding (tests/unit/test_streaming.py; ``KVROUTE_FUSED_ATTENTION=0`` turns it off).
+``benchmarks/attention_kernels.py`` times both side by side.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -55,6 +63,55 @@ def suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float,
     s_suf = torch.matmul(qg, key.transpose(2, 3)).transpose(0, 1).float() * scale  # [Hkv, B, G·q, s]
     s_suf = s_suf.masked_fill(suffix_causal(q, qg.shape[2] // q, key.shape[2], qg.device), float("-inf"))
     return s_suf if own is None else s_suf.masked_fill(~own[None, :, None, :], float("-inf"))
+
+
+def _flash_kernel() -> Any:
+    """PyTorch's fused CPU attention kernel that also returns each row's log-sum-exp, or None where this PyTorch has
+    none (the explicit forms run then)."""
+    try:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_FLASH = _flash_kernel()
+#: the fused kernel is used where it exists (``KVROUTE_FUSED_ATTENTION=0`` turns it off: the explicit forms)
+FUSED = _FLASH is not None and os.environ.get("KVROUTE_FUSED_ATTENTION", "1") != "0"
+
+
+def fused_available(query: torch.Tensor) -> bool:
+    """Whether :func:`fused_context` runs for ``query``: on a CPU, float32 or bfloat16, with the kernel present."""
+    return FUSED and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
+
+
+def fused_context(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, *,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``query`` ``[N, Hkv, R, D]`` over ``key``/``value`` ``[N, Hkv, W, D]`` (strides free: a shared
+    context may be expanded over N) with the additive ``mask`` (0 or −inf, in the query's dtype, broadcastable to
+    ``[N, Hkv, R, W]``; None: every key) in one fused kernel that never materialises the scores: the output
+    ``[N, Hkv, R, D]`` and each row's float32 log-sum-exp ``[N, Hkv, R]`` (both 0 where the mask leaves no key:
+    :func:`with_suffix` must be told those rows), for :func:`with_suffix` to join the cells' suffix part. Check
+    :func:`fused_available` first."""
+    out, lse = _FLASH(query, key, value, 0.0, False, attn_mask=mask, scale=scale)
+    return out, lse
+
+
+def with_suffix(out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor, s_suf: torch.Tensor, v_suf: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """The softmax over [context; suffix] from its two parts: the context part as :func:`fused_context` gives it
+    (``out`` ``[Hkv, B, R, D]``, ``lse`` ``[Hkv, B, R]``), the suffix part as float32 scores ``s_suf``
+    ``[Hkv, B, R, s]`` (:func:`suffix_scores`) with values ``v_suf`` ``[Hkv, B, s, D]``. ``empty`` bool
+    ``[Hkv, B, 1]``: the (KV head, cell) pairs that keep no context entry, whose context part weighs 0 (the kernel
+    reports 0 for their output and their log-sum-exp alike, so they are named, not read from ``lse``). Every row
+    sees its own suffix position, so the joint maximum is finite."""
+    lse = lse.masked_fill(empty, float("-inf"))
+    m = torch.maximum(lse, s_suf.amax(-1))  # [Hkv, B, R]
+    wc = torch.exp(lse - m)  # the context part's share of the normaliser (0 where nothing is kept)
+    es = torch.exp(s_suf - m.unsqueeze(-1))
+    total = wc + es.sum(-1)
+    ctx = out.float()
+    joint = ctx * (wc / total).unsqueeze(-1) + torch.matmul(es / total.unsqueeze(-1), v_suf.float())
+    return joint.to(dtype)
 
 
 def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, bias: torch.Tensor,
