@@ -23,7 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from kvroute.engine.streaming import ONE_SHOT_COPIES, fused_available, fused_context, suffix_scores, with_suffix
+from kvroute.engine.streaming import (
+    ONE_SHOT_COPIES,
+    fused_available,
+    fused_context,
+    keep_bias,
+    suffix_scores,
+    with_suffix,
+)
 
 #: a forward gathers the kept entries when it has at least this many queries per cell (benchmarks/attention_kernels.py:
 #: from 16 the gathered form is the faster at 2,048 and 8,192 context tokens; at 4 and 8 its per-group work is not
@@ -125,9 +132,8 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
                 # reads the shared keys below, where a masked entry's score is replaced, not added to)
                 ks, vs = gk.transpose(0, 1), vals.transpose(0, 1)  # [b, Hkv, W, D]
                 mask = None
-                if padded:  # [b, Hkv, 1, W]: −inf on padding
-                    mask = torch.zeros(valid.shape, dtype=qg.dtype, device=qg.device)
-                    mask = mask.masked_fill_(~valid, float("-inf")).unsqueeze(2).transpose(0, 1)
+                if padded:  # [b, Hkv, 1, W]: −inf on padding (the kernel takes the mask in the query's dtype)
+                    mask = keep_bias(valid, qg.dtype).to(qg.dtype).unsqueeze(2).transpose(0, 1)
                 empty = ~valid.any(-1, keepdim=True)  # [Hkv, b, 1]: a KV head of which a cell keeps nothing
                 for r0 in range(0, R, rows):
                     r = min(rows, R - r0)
