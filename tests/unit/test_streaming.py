@@ -43,13 +43,20 @@ def test_planner_keeps_one_shot_while_it_fits_and_chunks_past_the_budget():
 
 
 def test_the_additive_keep_mask_is_the_masked_fill_and_follows_the_cells():
-    """keep_bias added to scores is exactly masked_fill(~keep, −inf); MaskedContext caches it per layer, drops
-    the cache when keep is replaced and carries it along when cells leave the batch (select)."""
+    """keep_bias added to scores is exactly masked_fill(~keep, −inf); MaskedContext caches it per layer (and which
+    (KV head, cell) pairs keep nothing), drops the caches when keep is replaced and carries them along when cells
+    leave the batch (select)."""
     from kvroute.engine.streaming import keep_bias
 
     g = torch.Generator().manual_seed(5)
     B, L, Hkv, T = 5, 3, 2, 40
     keep = torch.rand(B, L, Hkv, T, generator=g) > 0.5
+    keep[1, 2, 0] = False  # cell 1 keeps nothing of layer 2's first KV head
+    keep[4, 1, 1] = False
+
+    def empty_of(k: torch.Tensor, layer: int) -> torch.Tensor:  # [Hkv, b, 1]: the pairs that keep nothing
+        return torch.stack([torch.tensor([[not bool(k[b, layer, h].any())] for b in range(len(k))])
+                            for h in range(Hkv)])
     scores = torch.randn(Hkv, B, 3, T, generator=g)
     k = keep[:, 1].transpose(0, 1).unsqueeze(2)
     assert torch.equal(scores + keep_bias(k, torch.float32), scores.masked_fill(~k, float("-inf")))
@@ -57,12 +64,16 @@ def test_the_additive_keep_mask_is_the_masked_fill_and_follows_the_cells():
     first = ctx.context_bias(1, torch.float32)
     assert ctx.context_bias(1, torch.float32) is first  # cached
     assert torch.equal(first, keep_bias(k, torch.float32))
+    assert torch.equal(ctx.context_empty(1), empty_of(keep, 1)) and bool(ctx.context_empty(1).any())
+    assert ctx.context_empty(1) is ctx.context_empty(1)  # cached
     alive = torch.tensor([0, 3, 4])
     ctx.select(alive)
     assert torch.equal(ctx.keep, keep[alive])
+    assert torch.equal(ctx.context_empty(1), empty_of(keep[alive], 1))
     assert torch.equal(ctx.context_bias(1, torch.float32), keep_bias(keep[alive][:, 1].transpose(0, 1).unsqueeze(2),
                                                                       torch.float32))
     ctx.keep = keep[:2]  # replaced: the cache follows the new masks
+    assert torch.equal(ctx.context_empty(2), empty_of(keep[:2], 2)) and bool(ctx.context_empty(2).any())
     assert torch.equal(ctx.context_bias(2, torch.float32), keep_bias(keep[:2, 2].transpose(0, 1).unsqueeze(2),
                                                                       torch.float32))
     assert ctx.context_bias(2, torch.float32).dtype == torch.bfloat16  # two bytes, exact at 0 and −inf
@@ -70,15 +81,16 @@ def test_the_additive_keep_mask_is_the_masked_fill_and_follows_the_cells():
     half = scores.half()
     assert torch.equal(half + keep_bias(k, torch.float16), half.masked_fill(~k, float("-inf")))
     # rows_of: inside, row i is cell rows[i] (repeats allowed) with nothing captured; after, all is as it was
-    cached = ctx.context_bias(2, torch.float32)
+    cached, cached_empty = ctx.context_bias(2, torch.float32), ctx.context_empty(2)
     hook = ctx.on_probs = lambda *a: None
     rows = torch.tensor([1, 1, 0])
     with ctx.rows_of(rows):
         assert torch.equal(ctx.keep, keep[:2][rows]) and ctx.on_probs is None
         assert torch.equal(ctx.context_bias(2, torch.float32), keep_bias(keep[:2][rows][:, 2].transpose(0, 1)
                                                                           .unsqueeze(2), torch.float32))
+        assert torch.equal(ctx.context_empty(2), empty_of(keep[:2][rows], 2))
     assert torch.equal(ctx.keep, keep[:2]) and ctx.on_probs is hook
-    assert ctx.context_bias(2, torch.float32) is cached
+    assert ctx.context_bias(2, torch.float32) is cached and ctx.context_empty(2) is cached_empty
 
 
 @pytest.mark.parametrize("dtype, q, gather_from", [

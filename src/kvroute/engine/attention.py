@@ -64,14 +64,17 @@ class MaskedContext:
     # forwards of at least this many queries per cell attend each cell's kept context entries only (gathered,
     # kvroute.engine.gather); None: every forward multiplies all T context keys (one-shot or chunked)
     gather_from: int | None = GATHER_MIN_QUERIES
-    # per layer, the additive form of ``keep`` (kvroute.engine.streaming.keep_bias, two bytes an entry), built on
-    # first use and reused by every forward of the batch; emptied when ``keep`` is replaced (see __setattr__)
+    # per layer, the additive form of ``keep`` (kvroute.engine.streaming.keep_bias, two bytes an entry) and which
+    # (KV head, cell) pairs keep nothing, built on first use and reused by every forward of the batch; emptied when
+    # ``keep`` is replaced (see __setattr__)
     _bias: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _empty: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         if name == "keep":
             super().__setattr__("_bias", {})
+            super().__setattr__("_empty", {})
 
     def context_bias(self, layer: int, dtype: torch.dtype) -> torch.Tensor:
         """``[Hkv, B, 1, T]``: 0 where a cell keeps a context entry of ``layer``, −inf where not, to add to scores of
@@ -81,25 +84,33 @@ class MaskedContext:
             bias = self._bias[layer] = keep_bias(self.keep[:, layer].transpose(0, 1).unsqueeze(2), dtype)
         return bias
 
+    def context_empty(self, layer: int) -> torch.Tensor:
+        """bool ``[Hkv, B, 1]``: the (KV head, cell) pairs that keep no context entry of ``layer`` (cached)."""
+        empty = self._empty.get(layer)
+        if empty is None:
+            empty = self._empty[layer] = ~self.keep[:, layer].transpose(0, 1).any(-1, keepdim=True)
+        return empty
+
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only the cells ``rows`` (the ones still decoding), their cached additive masks included."""
-        kept = {layer: bias.index_select(1, rows) for layer, bias in self._bias.items()}
+        """Keep only the cells ``rows`` (the ones still decoding), their cached masks included."""
+        cached = [{layer: t.index_select(1, rows) for layer, t in c.items()} for c in (self._bias, self._empty)]
         self.keep = self.keep.index_select(0, rows)
-        self._bias = kept
+        self._bias, self._empty = cached
         if self.suffix_keep is not None:
             self.suffix_keep = self.suffix_keep.index_select(0, rows)
 
     @contextlib.contextmanager
     def rows_of(self, rows: torch.Tensor) -> Iterator[None]:
         """Within the block, row i of a forward is cell ``rows[i]`` (cells may repeat) and nothing is captured;
-        afterwards ``keep``, ``on_probs`` and the cached additive masks are as before."""
-        saved = self.keep, self.on_probs, self._bias
+        afterwards ``keep``, ``on_probs`` and the cached masks are as before."""
+        saved = self.keep, self.on_probs, self._bias, self._empty
         self.keep, self.on_probs = self.keep.index_select(0, rows), None
         try:
             yield
         finally:
             self.keep, self.on_probs = saved[:2]
-            super().__setattr__("_bias", saved[2])  # (replacing keep emptied the cache)
+            super().__setattr__("_bias", saved[2])  # (replacing keep emptied the caches)
+            super().__setattr__("_empty", saved[3])
 
     def captured(self, q: int) -> range:
         """The query indices of a forward of ``q`` queries whose attention rows ``on_probs`` receives."""
@@ -160,14 +171,15 @@ def _one_shot(ctx: MaskedContext, layer: int, qg: torch.Tensor, k_ctx: torch.Ten
     see, None for all)."""
     B, Hkv, R, D = qg.shape
     G, T, s = R // q, k_ctx.shape[1], key.shape[2]
-    if T and fused_available(qg) and not ctx.captured(q):  # one fused kernel, cells folded into rows, the suffix joined
-        mask = bias.to(qg.dtype).expand(Hkv, B, R, T).reshape(1, Hkv, B * R, T)
-        o, lse = fused_context(qg.transpose(0, 1).reshape(1, Hkv, B * R, D), k_ctx[None], v_ctx[None], mask,
-                               scale=scale)
-        empty = torch.isneginf(bias).all(-1)  # [Hkv, B, 1]: the cells that keep nothing of a KV head
+    if T and fused_available(qg) and not ctx.captured(q):  # one fused kernel, the suffix joined after
+        # a KV group's query rows are the kernel's batch and the cells its rows: every row of a cell shares the cell's
+        # mask, which then broadcasts ([1, Hkv, B, T]) instead of being copied per row, and the shared context is
+        # expanded over the rows without a copy
+        o, lse = fused_context(qg.permute(2, 1, 0, 3), k_ctx[None].expand(R, -1, -1, -1),
+                               v_ctx[None].expand(R, -1, -1, -1), bias.to(qg.dtype).squeeze(2)[None], scale=scale)
         s_suf = suffix_scores(qg, key, q, scale, own)  # [Hkv, B, G·q, s] float32
-        return with_suffix(o.reshape(Hkv, B, R, D), lse.reshape(Hkv, B, R), empty, s_suf, value.transpose(0, 1),
-                           qg.dtype)
+        return with_suffix(o.permute(1, 2, 0, 3), lse.permute(1, 2, 0), ctx.context_empty(layer), s_suf,
+                           value.transpose(0, 1), qg.dtype)
     # context part: fold cells into rows -> one bmm per KV head against the shared keys
     q_rows = qg.transpose(0, 1).reshape(Hkv, B * G * q, D)  # [Hkv, B·G·q, D]
     s_ctx = torch.bmm(q_rows, k_ctx.transpose(1, 2)).view(Hkv, B, G * q, T).mul_(scale)  # [Hkv, B, G·q, T]
