@@ -17,7 +17,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 ORDER = ["load_speed", "equivalence", "grid_speed", "draft_speed", "profile_grid", "metrics_overhead", "cell_batching",
-         "context_scaling", "attention_kernels", "attention_memory", "capacity",
+         "context_scaling", "attention_kernels", "linear_backend", "attention_memory", "capacity",
          "profile_capture",
          "bookkeeping", "planted_truth", "mask_controls", "restore_controls", "paper_plan", "startup"]
 #: collected into RESULTS.md but never run by `make bench`: they need a CUDA device (see each script's doc)

@@ -244,6 +244,44 @@ def test_chunked_context_attention_gives_the_same_cells(setup, monkeypatch):
         assert b.gold_logprob == pytest.approx(a.gold_logprob, abs=1e-4)
 
 
+def test_onednn_linear_gives_the_same_cells(setup, monkeypatch):
+    """The decode forwards' linear layers through oneDNN (kvroute.engine.linear) against PyTorch's default: same
+    tokens, and logits, captured rows and gold log-probs equal to float32 rounding; it ran in the decode forwards
+    and the prefill was left on the default (its scores must equal the reference's bit for bit)."""
+    import kvroute.engine.decode as decode
+    import kvroute.engine.linear as linear
+
+    if not linear.onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN linear on the CPU")
+    lm, prompt = setup
+    cells = [Cell(p, r) for p in ("knorm", "expected_attention+adakv", "snapkv[window_size=8]") for r in (0.3, 0.9)]
+    gold = lm.tokenizer.encode(" Ferravik", add_special_tokens=False)
+    switched = []
+
+    def counted(model, enabled=None):
+        ctx = linear.onednn_linear(model, enabled)
+        switched.append(len(linear.switched(model)))
+        return ctx
+
+    monkeypatch.setattr(decode, "onednn_linear", counted)
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(linear, "ONEDNN", on)
+        runs[on] = Engine(lm, DecodeSettings(max_new_tokens=8, keep_logits=True)).run(prompt, cells, gold_ids=gold)
+    assert switched and all(n == 7 * 3 + 1 for n in switched)  # 7 projections a layer, 3 layers, the unembedding
+    assert torch.equal(runs[True].prefill.keys[0], runs[False].prefill.keys[0])  # the prefill: bit for bit
+    for a, b in zip([runs[False].full, *runs[False].outputs], [runs[True].full, *runs[True].outputs], strict=True):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(b.last_attention, a.last_attention, atol=1e-5, rtol=0)
+        assert b.gold_logprob == pytest.approx(a.gold_logprob, abs=1e-4)
+    with monkeypatch.context() as m:  # and it ran: the decode forwards' linear layers went through oneDNN
+        m.setattr(linear, "ONEDNN", True)
+        with torch.profiler.profile() as prof:
+            Engine(lm, DecodeSettings(max_new_tokens=2)).run(prompt, cells[:1])
+    assert any("_linear_pointwise" in e.name for e in prof.events())
+
+
 def test_gathered_context_attention_gives_the_same_cells(setup, monkeypatch):
     """The question forward over each cell's kept entries only (gathered) against all T entries masked: same tokens,
     and logits, captured rows, gold log-probs and lens readings equal to float32 rounding; the gathered form ran in

@@ -20,6 +20,7 @@ from kvroute.engine import streaming
 from kvroute.engine.attention import MaskedContext, masked_attention
 from kvroute.engine.cache import SuffixCache
 from kvroute.engine.gather import GATHER_MIN_QUERIES
+from kvroute.engine.linear import onednn_linear
 from kvroute.engine.plan import MemoryShape, plan_batch
 from kvroute.engine.prefill import PrefillResult
 from kvroute.engine.streaming import ATTENTION_SHARE, context_chunk
@@ -366,7 +367,7 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
     ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None, capture_query=Q - 1,
                         context_chunk=chunk(B, Q + G, T + Q + G), budget=budget,
                         gather_from=GATHER_MIN_QUERIES if settings.gather else None)
-    with masked_attention(model, ctx):
+    with masked_attention(model, ctx), onednn_linear(model):  # (the linear layers: kvroute.engine.linear)
         # 1) question (+ teacher-forced gold answer) for all cells
         ids = torch.tensor([question + gold], device=device).expand(B, -1)
         pos = torch.arange(T, T + Q + G, device=device)
