@@ -5,8 +5,9 @@ PyTorch's default float32 CPU path (BLAS ``sgemm``) runs far below its large-mat
 matmul (``torch.ops.mkldnn._linear_pointwise``, the kernel PyTorch's own CPU compiler emits for linear
 layers) reads the same dense weights, no copy; on the 2-core AMD EPYC measured here it was 1.0–2.0× faster
 at 1–64 rows (by weight shape), 1.5–2.3× for the unembedding, and a 27-cell decode at 2k context tokens
-took 1.15× less time (``benchmarks/linear_backend.py`` times both side by side; the default BLAS is tuned
-per CPU vendor, so rerun it on yours).
+ran 1.15× faster (``benchmarks/linear_backend.py`` times both side by side; the default BLAS is tuned per
+CPU vendor, so rerun it on yours).
+
 Results are equal to float32 rounding, not bit for bit: the two libraries sum in different orders (as
 BLAS itself does between one row and many), so a near-tie between two next tokens could in principle
 resolve differently; the engine's equivalence tests and ``benchmarks/equivalence.py`` check the answers.
