@@ -77,8 +77,10 @@ def main() -> int:
             qg = torch.randn(B, Hkv, G * q, D, generator=g)
             key, value = torch.randn(B, Hkv, s, D, generator=g), torch.randn(B, Hkv, s, D, generator=g)
             forms = {
-                "one-shot": partial(_one_shot, MaskedContext([k_ctx[None]], [v_ctx[None]], keep, None), 0, qg, k_ctx,
-                                    v_ctx, bias, key, value, q=q, scale=D**-0.5),
+                # (MaskedContext holds keep as [B, L, Hkv, T]: here one layer)
+                "one-shot": partial(_one_shot, MaskedContext([k_ctx[None]], [v_ctx[None]],
+                                                             keep[:, :, 0].transpose(0, 1)[:, None], None), 0, qg,
+                                    k_ctx, v_ctx, bias, key, value, q=q, scale=D**-0.5),
                 "chunked": partial(chunked_context_attention, qg, k_ctx, v_ctx, bias, key, value, q=q, scale=D**-0.5,
                                    chunk=args.chunk),
                 "gathered": partial(gathered_context_attention, qg, k_ctx, v_ctx, keep, key, value, q=q,

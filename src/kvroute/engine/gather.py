@@ -33,8 +33,9 @@ from kvroute.engine.streaming import (
 )
 
 #: a forward gathers the kept entries when it has at least this many queries per cell (benchmarks/attention_kernels.py:
-#: from 16 the gathered form is the faster at 2,048 and 8,192 context tokens; at 4 and 8 its per-group work is not
-#: repaid; at 512 tokens the fused one-shot form is the faster, 1.8× at 16 queries and 1.1× at 47, a few ms a layer)
+#: from 16 the gathered form is the faster at 2,048 and 8,192 context tokens; below, its per-group work is not repaid
+#: (at 8 queries: 1.3× slower at 2,048, 7% faster at 8,192); at 512 tokens the fused one-shot form is 1.4× faster at
+#: 16 queries, a few ms a layer)
 GATHER_MIN_QUERIES = 16
 #: a group of cells takes cells whose kept count is at least this share of its largest (padding ≤ 1 − share)
 GROUP_SHARE = 0.9
