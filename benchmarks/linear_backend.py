@@ -21,10 +21,9 @@ import time
 
 import torch
 from common import environment, median_spread, write
+from grid_speed import PRESSES, RATIOS
 
 ROWS = [1, 8, 27, 64, 256, 1269]
-PRESSES = ["snapkv", "expected_attention", "streaming_llm"]
-RATIOS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 
 
 def timed(fn, repeats: int) -> list[float]:  # noqa: ANN001
@@ -49,7 +48,7 @@ def main() -> int:
 
     from kvroute.engine import Cell, DecodeSettings, Engine
     from kvroute.engine import linear as linear_mod
-    from kvroute.engine.linear import onednn_available, onednn_linear
+    from kvroute.engine.linear import _forward, onednn_available, onednn_linear
     from kvroute.engine.reference import kvpress_answer, kvpress_pipeline
     from kvroute.models import load_model
     from kvroute.tasks import TaskSpec, build_prompt, generate_tasks
@@ -66,7 +65,6 @@ def main() -> int:
         if type(m) is nn.Linear:
             shapes.setdefault(tuple(m.weight.shape), []).append(m)
     table = []
-    op = torch.ops.mkldnn._linear_pointwise
     with torch.inference_mode():
         for (n_out, n_in), layers in sorted(shapes.items(), key=lambda kv: -kv[0][0] * kv[0][1]):
             for rows in ROWS:
@@ -75,8 +73,8 @@ def main() -> int:
                 reps = max(3, min(args.repeats * 3, 200 // n))
                 default = statistics.median(timed(lambda x=x, layers=layers: [
                     nn.functional.linear(x, m.weight, m.bias) for m in layers], reps)) / n
-                fast = statistics.median(timed(lambda x=x, layers=layers: [
-                    op(x, m.weight, m.bias, "none", [], "") for m in layers], reps)) / n
+                fast = statistics.median(timed(lambda x=x, layers=layers: [_forward(m, x) for m in layers],
+                                               reps)) / n  # what kvroute.engine.linear runs
                 table.append((n_out, n_in, n, rows, default * 1e3, fast * 1e3))
                 print(f"{n_out}x{n_in} rows {rows}: default {default * 1e3:.3f} ms, oneDNN {fast * 1e3:.3f} ms",
                       flush=True)
