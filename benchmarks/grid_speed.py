@@ -17,6 +17,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from common import environment, median_spread, write
@@ -27,9 +28,13 @@ RATIOS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 GRIDS = [(1, [0.5]), (1, [0.25, 0.5, 0.75]), (3, [0.25, 0.5, 0.75]), (3, RATIOS)]
 
 
-def grid_args(description: str, *, repeats: int = 3) -> argparse.Namespace:
-    """The command line shared by grid_speed and profile_grid (they measure the same workload)."""
+def grid_args(description: str, *, repeats: int = 3,
+              more: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The command line shared by grid_speed and profile_grid (they measure the same workload); ``more`` adds a
+    script's own options."""
     ap = argparse.ArgumentParser(description=description)
+    if more is not None:
+        more(ap)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=512)

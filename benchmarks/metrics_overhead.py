@@ -2,8 +2,10 @@
 
 (a) engine alone: prefill + batched decode, no captures (answers only);
 (b) the full cell record: captures (attention rows, hidden states, generated-token masses), the
-    teacher-forced gold log-probability, the evidence rollout, and every metric computed.
-Repeats alternate a and b; the final line is `overhead: X%` (median b over median a, minus 1).
+    teacher-forced gold log-probability, the evidence rollout, and every metric computed;
+(c) the same without the representation metric (its logit lens: every layer's hidden state through the
+    unembedding, at the last prompt token and along each answer candidate), to show what the lens costs.
+Repeats alternate a, b and c; the final line is `overhead: X%` (median b over median a, minus 1).
 
     python benchmarks/metrics_overhead.py [--model smollm2-135m] [--instances 4] [--repeats 3]
 """
@@ -36,13 +38,15 @@ def main() -> int:
     lm = load_model(args.model, dtype="float32")
     tasks = generate_tasks(TaskSpec("base", n=args.instances, seed=5, target_tokens=args.tokens), lm.tokenizer)
     settings = RunSettings(max_new_tokens=24)
+    no_lens = RunSettings(max_new_tokens=24, metrics=tuple(m for m in settings.metrics if m != "representation"))
+    assert "lens" in settings.needs and "lens" not in no_lens.needs
     bare = Engine(lm, settings.decode_settings().__class__(max_new_tokens=24, capture=False))
     full = Engine(lm, settings.decode_settings())
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     prompts = [build_prompt(lm.tokenizer, t) for t in tasks]
     bare.run(prompts[0], cells[:2])
     run_instance(full, tasks[0], cells[:2], settings=settings)
-    ta, tb = [], []
+    ta, tb, tc = [], [], []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         for p in prompts:
@@ -52,7 +56,12 @@ def main() -> int:
         for t in tasks:
             run_instance(full, t, cells, settings=settings)
         tb.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for t in tasks:
+            run_instance(full, t, cells, settings=no_lens)
+        tc.append(time.perf_counter() - t0)
     over = 100 * (statistics.median(tb) / statistics.median(ta) - 1)
+    over_c = 100 * (statistics.median(tc) / statistics.median(ta) - 1)
     lines = [
         "# Metrics overhead: full cell records vs the engine alone",
         "",
@@ -66,6 +75,11 @@ def main() -> int:
         "|---|---|",
         f"| engine alone (answers only) | {median_spread(ta)} |",
         f"| with captures, gold log-prob, rollout and all metrics | {median_spread(tb)} |",
+        f"| the same without the representation metric (no logit lens) | {median_spread(tc)} |",
+        "",
+        f"Without the logit lens the overhead is {over_c:.0f}%: the lens is "
+        f"{statistics.median(tb) - statistics.median(tc):.1f} s of the "
+        f"{statistics.median(tb) - statistics.median(ta):.1f} s the metrics add.",
         "",
         f"overhead: {over:.0f}%",
     ]

@@ -11,7 +11,10 @@ It also counts token-forwards (tokens pushed through the model): kvpress pays T 
 kvroute pays T once plus Q + n per cell, so their ratio bounds the speedup on hardware where the
 cost per token-forward is flat (a compute-bound CPU), and torch.profiler lists kvroute's top operators.
 
-    python benchmarks/profile_grid.py [--model smollm2-135m] [--instances 2] [--tokens 512]
+Long contexts: ``--tokens 7600 --instances 1 --repeats 1 --no-reference`` profiles kvroute alone (the kvpress
+loop takes minutes per cell there; grid_speed times it), written to results/profile_grid_MODEL_TOKENS.md.
+
+    python benchmarks/profile_grid.py [--model smollm2-135m] [--instances 2] [--tokens 512] [--no-reference]
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class ForwardTimer:
 
 
 def main() -> int:
-    args = grid_args(__doc__.splitlines()[0])
+    args = grid_args(__doc__.splitlines()[0], more=lambda ap: ap.add_argument(
+        "--no-reference", action="store_true", help="kvroute's phases only: no kvpress loop, no token-forward ratio"))
 
     from kvroute.engine import Cell
     from kvroute.engine.reference import kvpress_answer
@@ -81,7 +85,7 @@ def main() -> int:
 
     # kvroute, phases (median over repeats of the per-phase sums)
     ours: dict[str, list[float]] = defaultdict(list)
-    walls, outs = [], []
+    walls, outs, scoring = [], [], []
     tok_ours: dict[str, int] = {}
     calls_ours: dict[str, int] = {}
     for _ in range(args.repeats):
@@ -91,6 +95,7 @@ def main() -> int:
             res = [engine.run(p, cells, decode_full=False) for p in prompts]
             walls.append(time.perf_counter() - t0)
         select = sum(r.seconds["select"] for r in res)
+        scoring.append(sum(r.seconds["scoring"] for r in res))
         for k, v in ft.seconds.items():
             ours[k].append(v)
         ours["mask selection"].append(select)
@@ -102,7 +107,7 @@ def main() -> int:
     # kvpress, one pipeline call per cell (one repeat: it is the slow side)
     with ForwardTimer(base) as fk:
         t0 = time.perf_counter()
-        for p in prompts:
+        for p in prompts if not args.no_reference else []:
             for c in cells:
                 kvpress_answer(
                     lm,
@@ -131,6 +136,7 @@ def main() -> int:
     kvp_tokens = sum(fk.tokens.values())
     our_tokens = sum(tok_ours.values())
     bound = kvp_tokens / max(1, our_tokens)
+    default = args.model == "smollm2-135m" and args.tokens == 512
 
     def pct(x: float, tot: float) -> str:
         return f"{100 * x / tot:.0f}%"
@@ -139,14 +145,16 @@ def main() -> int:
         "# Profile: where the grid's time goes",
         "",
         f"Command: `python benchmarks/profile_grid.py --model {args.model} --instances {args.instances} "
-        f"--tokens {args.tokens} --max-new-tokens {args.max_new_tokens} --repeats {args.repeats}`",
+        f"--tokens {args.tokens} --max-new-tokens {args.max_new_tokens} --repeats {args.repeats}"
+        + (" --no-reference" if args.no_reference else "") + "`",
         f"Environment: {environment()}",
         f"{args.instances} `base` instances (T = {', '.join(map(str, T))} context tokens; question part Q = "
         f"{', '.join(map(str, Q))} tokens), {n_cells} cells each ({', '.join(PRESSES)} × 9 ratios), "
         f"answers of {n_dec:.1f} generated tokens on average, greedy, max_new_tokens={args.max_new_tokens}.",
         "",
-        f"kvroute: {wall_ours:.2f} s (median of {args.repeats}); kvpress loop: {wall_kvp:.2f} s (one run); "
-        f"ratio {wall_kvp / wall_ours:.1f}×.",
+        f"kvroute: {wall_ours:.2f} s (median of {args.repeats}); "
+        + (f"kvpress loop: {wall_kvp:.2f} s (one run); ratio {wall_kvp / wall_ours:.1f}×." if not args.no_reference
+           else "the kvpress loop was not run (--no-reference; grid_speed times it)."),
         "",
         "| kvroute phase | seconds (median) | share | model calls | token-forwards |",
         "|---|---|---|---|---|",
@@ -164,13 +172,20 @@ def main() -> int:
             lines.append(
                 f"| {k} | {med:.2f} | {pct(med, wall_ours)} | {calls_ours.get(k, '')} | {tok_ours.get(k, '')} |"
             )
-    lines += ["", "| kvpress phase | seconds | share | model calls | token-forwards |", "|---|---|---|---|---|"]
+        if k == "context prefill":  # the scorers run inside the prefill's forward (kvroute.engine.prefill)
+            med = statistics.median(scoring)
+            lines.append(f"| … of which the scorers (kvpress's `score` code, every layer) | {med:.2f} | "
+                         f"{pct(med, wall_ours)} |  |  |")
+    if args.no_reference:
+        lines += [""]
+    else:
+        lines += ["", "| kvpress phase | seconds | share | model calls | token-forwards |", "|---|---|---|---|---|"]
     for k in ["context prefill", "question forward", "decode steps"]:
         if k in fk.seconds:
             lines.append(
                 f"| {k} | {fk.seconds[k]:.2f} | {pct(fk.seconds[k], wall_kvp)} | {fk.calls[k]} | {fk.tokens[k]} |"
             )
-    lines += [
+    lines += [] if args.no_reference else [
         "",
         f"Token-forwards: kvpress {kvp_tokens}, kvroute {our_tokens} → ratio {bound:.1f}×. kvpress pays the "
         f"context (T ≈ {statistics.mean(T):.0f}) in every cell; kvroute pays it once per instance but still "
@@ -181,13 +196,15 @@ def main() -> int:
         "for these prompts and answers: where a token-forward costs the same batched or not (2 CPU cores "
         "are compute-bound at these batch sizes), that is the ceiling of any one-prefill engine.",
         "",
+    ]
+    lines += [
         "Top operators of one kvroute run (torch.profiler, self CPU time):",
         "",
         "| operator | self CPU share | calls |",
         "|---|---|---|",
         *[f"| `{e.key}` | {pct(e.self_cpu_time_total, total_self)} | {e.count} |" for e in ops[:12]],
     ]
-    write("profile_grid", lines)
+    write("profile_grid" if default else f"profile_grid_{args.model}_{args.tokens}", lines)
     print("\n".join(lines))
     return 0
 

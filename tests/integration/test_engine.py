@@ -108,6 +108,19 @@ def test_masked_decoding_equals_independent_reference(setup):
     torch.testing.assert_close(ours.logits[1], ref[-1], atol=1e-4, rtol=0)
 
 
+def test_the_prefill_reports_the_time_its_scorers_took(setup):
+    """``seconds["scoring"]``: the part of the prefill inside the scorers (layer hooks and after-prefill scorers),
+    nothing without one."""
+    from kvroute.engine.prefill import prefill
+
+    lm, prompt = setup
+    assert prefill(lm.model, prompt.context_ids).score_seconds == 0.0
+    res = Engine(lm, DecodeSettings(max_new_tokens=1)).run(
+        prompt, [Cell("snapkv[window_size=8]", 0.5), Cell("expected_attention", 0.5), Cell("kvzip", 0.5)])
+    assert 0.0 < res.seconds["scoring"] < res.seconds["prefill"]
+    assert res.prefill.score_seconds == res.seconds["scoring"]
+
+
 def test_gqa_group_axis_matters(setup):
     """Swapping which query group a KV head's mask applies to changes the logits: the check above can fail."""
     lm, prompt = setup

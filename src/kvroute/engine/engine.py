@@ -39,6 +39,7 @@ class EngineResult:
     outputs: list[CellOutput | None]  # None only for a cell in ``errors``
     full: CellOutput | None  # the uncompressed cache, decoded alongside (the metrics' reference) unless skipped
     full_mask: KeepMask
+    # prefill, select (the keep masks), decode; scoring: the part of prefill spent in the scorers
     seconds: dict[str, float] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)  # cell index -> one-line reason (``cell_errors=True``)
 
@@ -229,7 +230,8 @@ class Engine:
         if sum(o is not None for o in outputs) + len(errors) != len(cells):  # pragma: no cover - internal invariant
             raise EngineError("internal error: a full-cache cell was not decoded")
         return EngineResult(pre, cells, masks, outputs, full_out, full,
-                            {"prefill": t1 - t0, "select": t2 - t1, "decode": t3 - t2}, errors=errors)
+                            {"prefill": t1 - t0, "scoring": pre.score_seconds, "select": t2 - t1, "decode": t3 - t2},
+                            errors=errors)
 
     def _decode(self, pre: PrefillResult, q_ids: list[int], masks: list[KeepMask], *, lean: bool = False,
                 **kw: Any) -> list[CellOutput]:

@@ -9,6 +9,7 @@ scores per layer gives exactly the scores every kvpress press would have used, a
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -77,6 +78,9 @@ class PrefillResult:
     values: list[torch.Tensor]  # per layer [1, Hkv, T, D]
     scores: dict[ScoreKey, torch.Tensor] = field(default_factory=dict)  # key -> [L, Hkv, T] (scorer's dtype)
     seconds: float = 0.0
+    # the part of ``seconds`` spent computing scores (the scorers' own code, and the attention map for those that read
+    # it), beside the model's forward
+    score_seconds: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -134,8 +138,6 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     is dropped (its reason stored under its key, its key absent from ``scores``) and the prefill goes
     on for the others; without it the error propagates.
     """
-    import time
-
     device = next(model.parameters()).device
     ids = torch.as_tensor(list(context_ids) if not torch.is_tensor(context_ids) else context_ids,
                           dtype=torch.long, device=device).view(1, -1)
@@ -145,6 +147,7 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     need_attn = any(r.scorer.needs_attentions for r in layered)
     need_queries = need_attn or bool(captures)
     projected: list[torch.Tensor] = []  # the current layer's q_proj output, kept by a hook (no recompute)
+    scoring = [0.0]  # seconds in the scorers (PrefillResult.score_seconds)
 
     def hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         hidden = kwargs["hidden_states"]
@@ -153,6 +156,15 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
         keys, values = cache.layers[layer].keys, cache.layers[layer].values
         pos = kwargs["position_embeddings"]
         q = rotate_queries(module, projected.pop(), pos) if need_queries else None  # [1, H, T, D]
+        if layered:
+            t = time.perf_counter()
+            score(module, layer, hidden, keys, values, kwargs, pos, q)
+            scoring[0] += time.perf_counter() - t
+        for c in captures:
+            c.on_layer(layer, module, hidden, keys, values, kwargs, queries=q)
+
+    def score(module: Any, layer: int, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+              kwargs: dict[str, Any], pos: Any, q: torch.Tensor | None) -> None:
         attn = prefill_attention(module, hidden, keys, pos, q) if need_attn else None
         for r in layered:
             if errors is not None and r.key in errors:
@@ -165,8 +177,6 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
                 if errors is None:
                     raise
                 errors[r.key] = error_reason(e)
-        for c in captures:
-            c.on_layer(layer, module, hidden, keys, values, kwargs, queries=q)
 
     def keep_projection(module: Any, args: Any, output: torch.Tensor) -> None:
         projected[:] = [output]
@@ -179,6 +189,7 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     keys, values = _filled_layers(cache)
     scores = {k: torch.cat(v, dim=0) for k, v in per_layer.items()
               if errors is None or k not in errors}  # [L, Hkv, T] each
+    t = time.perf_counter()
     for r in requests:
         if not r.scorer.scores_after_prefill:
             continue
@@ -189,4 +200,6 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
             if errors is None:
                 raise
             errors[r.key] = error_reason(e)
-    return PrefillResult(ids[0], keys, values, scores, time.perf_counter() - t0)
+    if len(layered) < len(requests):
+        scoring[0] += time.perf_counter() - t
+    return PrefillResult(ids[0], keys, values, scores, time.perf_counter() - t0, scoring[0])
