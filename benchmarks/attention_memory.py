@@ -6,8 +6,10 @@ then decode 64 cells (random keep masks at ratios 0.01…0.64) for a question of
 plus one generated token, and read the growth of the peak RSS (VmHWM) over the resident size before the
 decode. Modes:
 
-- `one-shot`: every forward over the whole context at once, masked (float32 scores and probabilities
-  [Hkv, B, G·q, T + s] per layer; `gather = false`); run at the first question length, up to `--one-shot-max`;
+- `one-shot`: every forward over the whole context at once, masked (`gather = false`; in the explicit form, float32
+  scores and probabilities [Hkv, B, G·q, T + s] per layer, the "would need" column; where PyTorch's fused CPU
+  kernel runs, kvroute.engine.streaming, they are never materialised); run at the first question length, up to
+  `--one-shot-max`;
 - `planned`: the defaults: the question forward over each cell's kept entries (kvroute.engine.gather, in slices
   of at most the budget and GATHER_SLICE_BYTES), the decode steps at once or in chunks of the context past the
   budget (kvroute.engine.streaming); the budget is a quarter of the free memory, or `--budget-mb`.
@@ -75,6 +77,7 @@ def main() -> int:
     ap.add_argument("--questions", type=int, nargs="+", default=[50, 200], help="question tokens decoded per cell")
     ap.add_argument("--one-shot-max", type=int, default=8192, help="longest context run in one shot")
     ap.add_argument("--budget-mb", type=float, default=0, help="the planned mode's budget (0: the default)")
+    ap.add_argument("--out", default="attention_memory", help="the results file: results/OUT.md")
     args = ap.parse_args()
     import torch
 
@@ -107,7 +110,8 @@ def main() -> int:
         "",
         f"Command: `python benchmarks/attention_memory.py --model {args.model} --lengths "
         f"{' '.join(map(str, args.lengths))} --questions {' '.join(map(str, args.questions))} --one-shot-max "
-        f"{args.one_shot_max}" + (f" --budget-mb {args.budget_mb:g}" if args.budget_mb > 0 else "") + "`",
+        f"{args.one_shot_max}" + (f" --budget-mb {args.budget_mb:g}" if args.budget_mb > 0 else "")
+        + (f" --out {args.out}" if args.out != "attention_memory" else "") + "`",
         f"Environment: {environment()}",
         "64 cells (random keep masks at ratios 0.01…0.64), a question of the given length and one generated token, "
         "capture off, a fresh process per row; peak = growth of the decode process's peak RSS over its resident size "
@@ -145,9 +149,9 @@ def main() -> int:
         n, res = both[-1]
         one, pl = res["one-shot"]["peak_mb"], res["planned"]["peak_mb"]
         lines.append(f"At {n} tokens the planned decode's peak grows by {pl:.0f} MB against {one:.0f} MB in one shot "
-                     f"({one / pl:.1f}× less); tokens equal at every length both ran: "
+                     f"(one-shot / planned: {one / pl:.2f}); tokens equal at every length both ran: "
                      f"{'yes' if all(r[4] == 'yes' for r in rows) else 'NO'}.")
-    write("attention_memory", lines)
+    write(args.out, lines)
     print("\n".join(lines))
     return 0
 
