@@ -18,7 +18,7 @@ import time
 
 import torch
 from common import environment, median_spread, write
-from grid_speed import PRESSES, RATIOS, grid_args
+from grid_speed import PRESSES, RATIOS, grid_args, result_name
 
 
 def agreed(tokens: list[int], full: list[int]) -> int:
@@ -76,8 +76,7 @@ def main() -> int:
         f"the full answer (the most the draft can take over): {inside}/{total} ({inside / max(total, 1):.0%}).",
         f"Draft on / off: {ratio:.2f}× the time.",
     ]
-    write("draft_speed" if args.tokens == 512 and args.model == "smollm2-135m"
-          else f"draft_speed_{args.model}_{args.tokens}", lines)
+    write(result_name("draft_speed", args), lines)
     print("\n".join(lines))
     return 0 if same else 1
 

@@ -46,8 +46,19 @@ def grid_args(description: str, *, repeats: int = 3,
     return ap.parse_args()
 
 
-def grid_setup(args: argparse.Namespace):  # noqa: ANN201 - (lm, tasks, prompts, engine, pipeline)
-    """Model, `base` instances and prompts, an answers-only engine and the kvpress pipeline, both warmed up."""
+def is_default(args: argparse.Namespace, *, tokens: int = 512) -> bool:
+    """Whether this is a benchmark's default run (SmolLM2 at ``tokens`` context tokens)."""
+    return args.model == "smollm2-135m" and args.tokens == tokens
+
+
+def result_name(name: str, args: argparse.Namespace, *, tokens: int = 512) -> str:
+    """The results file of a run: ``name`` for the default one, else ``name_MODEL_TOKENS``."""
+    return name if is_default(args, tokens=tokens) else f"{name}_{args.model}_{args.tokens}"
+
+
+def grid_setup(args: argparse.Namespace, *, reference: bool = True):  # noqa: ANN201 - (lm, tasks, prompts, engine, pipeline)
+    """Model, `base` instances and prompts, an answers-only engine and the kvpress pipeline, both warmed up
+    (``reference=False``: no pipeline, None in its place)."""
     from kvroute.engine import Cell, DecodeSettings, Engine
     from kvroute.engine.reference import kvpress_answer, kvpress_pipeline
     from kvroute.models import load_model
@@ -57,9 +68,11 @@ def grid_setup(args: argparse.Namespace):  # noqa: ANN201 - (lm, tasks, prompts,
     tasks = generate_tasks(TaskSpec("base", n=args.instances, seed=11, target_tokens=args.tokens), lm.tokenizer)
     prompts = [build_prompt(lm.tokenizer, t) for t in tasks]
     engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False))
-    pipe = kvpress_pipeline(lm)
     # warm-up both paths once
     engine.run(prompts[0], [Cell("snapkv", 0.5)], decode_full=False)
+    if not reference:
+        return lm, tasks, prompts, engine, None
+    pipe = kvpress_pipeline(lm)
     kvpress_answer(lm, prompts[0].kvpress_context, prompts[0].kvpress_question, "snapkv", 0.5, max_new_tokens=4,
                    pipeline=pipe)
     return lm, tasks, prompts, engine, pipe
@@ -114,7 +127,7 @@ def main() -> int:
     n_big, ta_big, tb_big = rows[-1]
     speedup = statistics.median(tb_big) / statistics.median(ta_big)
     bound = ceiling(Shape.of(lm.model), work)
-    default = args.model == "smollm2-135m" and args.tokens == 512
+    default = is_default(args)
     lines = [
         "# Grid speed: kvroute engine vs the kvpress pipeline" + ("" if default else f" ({args.model}, {args.tokens} "
                                                                  "context tokens)"),
@@ -150,7 +163,7 @@ def main() -> int:
         f"speedup: {speedup:.1f}",
         f"ratio to ceiling: {speedup / bound:.2f}",
     ]
-    write("grid_speed" if default else f"grid_speed_{args.model}_{args.tokens}", lines)
+    write(result_name("grid_speed", args), lines)
     print("\n".join(lines))
     return 0
 

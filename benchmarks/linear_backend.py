@@ -21,7 +21,7 @@ import time
 
 import torch
 from common import environment, median_spread, write
-from grid_speed import PRESSES, RATIOS
+from grid_speed import PRESSES, RATIOS, is_default, result_name
 
 ROWS = [1, 8, 27, 64, 256, 1269]
 
@@ -117,7 +117,7 @@ def main() -> int:
 
     dec = statistics.median(times[False]) / statistics.median(times[True])
     kvp = statistics.median(kv[False]) / statistics.median(kv[True])
-    default = args.model == "smollm2-135m" and args.tokens == 2048
+    default = is_default(args, tokens=2048)
     lines = [
         "# Linear layers at decode sizes: PyTorch's default float32 CPU linear vs oneDNN"
         + ("" if default else f" ({args.model}, {args.tokens} context tokens)"),
@@ -145,7 +145,7 @@ def main() -> int:
         "",
         f"decode speedup: {dec:.2f}",
     ]
-    write("linear_backend" if default else f"linear_backend_{args.model}_{args.tokens}", lines)
+    write(result_name("linear_backend", args, tokens=2048), lines)
     print("\n".join(lines))
     return 0 if equal else 1
 

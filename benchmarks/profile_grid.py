@@ -26,7 +26,7 @@ from collections import defaultdict
 
 import torch
 from common import environment, write
-from grid_speed import PRESSES, RATIOS, grid_args, grid_setup
+from grid_speed import PRESSES, RATIOS, grid_args, grid_setup, result_name
 
 
 class ForwardTimer:
@@ -79,7 +79,7 @@ def main() -> int:
     from kvroute.engine import Cell
     from kvroute.engine.reference import kvpress_answer
 
-    lm, _tasks, prompts, engine, pipe = grid_setup(args)
+    lm, _tasks, prompts, engine, pipe = grid_setup(args, reference=not args.no_reference)
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     base = lm.model.get_decoder()  # the decoder stack: kvpress calls it directly for its prefill
 
@@ -136,7 +136,6 @@ def main() -> int:
     kvp_tokens = sum(fk.tokens.values())
     our_tokens = sum(tok_ours.values())
     bound = kvp_tokens / max(1, our_tokens)
-    default = args.model == "smollm2-135m" and args.tokens == 512
 
     def pct(x: float, tot: float) -> str:
         return f"{100 * x / tot:.0f}%"
@@ -176,27 +175,23 @@ def main() -> int:
             med = statistics.median(scoring)
             lines.append(f"| … of which the scorers (kvpress's `score` code, every layer) | {med:.2f} | "
                          f"{pct(med, wall_ours)} |  |  |")
-    if args.no_reference:
-        lines += [""]
-    else:
-        lines += ["", "| kvpress phase | seconds | share | model calls | token-forwards |", "|---|---|---|---|---|"]
-    for k in ["context prefill", "question forward", "decode steps"]:
-        if k in fk.seconds:
-            lines.append(
-                f"| {k} | {fk.seconds[k]:.2f} | {pct(fk.seconds[k], wall_kvp)} | {fk.calls[k]} | {fk.tokens[k]} |"
-            )
-    lines += [] if args.no_reference else [
-        "",
-        f"Token-forwards: kvpress {kvp_tokens}, kvroute {our_tokens} → ratio {bound:.1f}×. kvpress pays the "
-        f"context (T ≈ {statistics.mean(T):.0f}) in every cell; kvroute pays it once per instance but still "
-        f"pushes each cell's question part (Q ≈ {statistics.mean(Q):.0f} tokens) and its answer through every "
-        "layer, because with a different cache per cell they share nothing past the embeddings. "
-        f"As the number of cells grows the ratio tends to (T + Q + n) / (Q + n) = "
-        f"{(statistics.mean(T) + statistics.mean(Q) + n_dec) / (statistics.mean(Q) + n_dec):.1f}× "
-        "for these prompts and answers: where a token-forward costs the same batched or not (2 CPU cores "
-        "are compute-bound at these batch sizes), that is the ceiling of any one-prefill engine.",
-        "",
-    ]
+    lines.append("")
+    if not args.no_reference:
+        lines += ["| kvpress phase | seconds | share | model calls | token-forwards |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {fk.seconds[k]:.2f} | {pct(fk.seconds[k], wall_kvp)} | {fk.calls[k]} | {fk.tokens[k]} |"
+                  for k in ["context prefill", "question forward", "decode steps"] if k in fk.seconds]
+        lines += [
+            "",
+            f"Token-forwards: kvpress {kvp_tokens}, kvroute {our_tokens} → ratio {bound:.1f}×. kvpress pays the "
+            f"context (T ≈ {statistics.mean(T):.0f}) in every cell; kvroute pays it once per instance but still "
+            f"pushes each cell's question part (Q ≈ {statistics.mean(Q):.0f} tokens) and its answer through every "
+            "layer, because with a different cache per cell they share nothing past the embeddings. "
+            f"As the number of cells grows the ratio tends to (T + Q + n) / (Q + n) = "
+            f"{(statistics.mean(T) + statistics.mean(Q) + n_dec) / (statistics.mean(Q) + n_dec):.1f}× "
+            "for these prompts and answers: where a token-forward costs the same batched or not (2 CPU cores "
+            "are compute-bound at these batch sizes), that is the ceiling of any one-prefill engine.",
+            "",
+        ]
     lines += [
         "Top operators of one kvroute run (torch.profiler, self CPU time):",
         "",
@@ -204,7 +199,7 @@ def main() -> int:
         "|---|---|---|",
         *[f"| `{e.key}` | {pct(e.self_cpu_time_total, total_self)} | {e.count} |" for e in ops[:12]],
     ]
-    write("profile_grid" if default else f"profile_grid_{args.model}_{args.tokens}", lines)
+    write(result_name("profile_grid", args), lines)
     print("\n".join(lines))
     return 0
 
