@@ -1,4 +1,4 @@
-"""The masked attention's forms side by side: one-shot, chunked (online softmax) and gathered (kept entries only).
+"""The masked attention's forms side by side: one-shot, chunked (online softmax), gathered and the kept-entries kernel.
 
 One layer's masked attention for the cells of the grid_speed grid (3 presses × 9 ratios 0.1…0.9: each cell keeps
 exactly (1 − α)·T context entries per KV head, at random positions) with the model's head shapes, at several
@@ -9,9 +9,13 @@ against the one-shot one; the last lines say from how many queries per cell the 
 length, which is what ``kvroute.engine.gather.GATHER_MIN_QUERIES`` is set from. The FLOPs of the score and value
 products are counted too (the gathered form's over the kept entries only). Where PyTorch's fused CPU attention kernel
 is present (``kvroute.engine.streaming.FUSED``), the one-shot and gathered forms use it, and the same two forms are
-also timed with it off (explicit scores, softmax and values), side by side.
+also timed with it off (explicit scores, softmax and values), side by side. Where the kept-entries kernel is built
+(``kvroute.engine.kept``: C++, each (KV head, cell) over its kept positions, no gather), it is timed too, its suffix
+joined as the fused kernel's, its CSR index built once outside the timing (the engine builds it once per layer and
+batch); the last lines say up to how many query rows per (KV head, cell) it is the fastest form at every length, which
+is what ``kvroute.engine.kept.KEPT_MAX_ROWS`` is set from.
 
-    python benchmarks/attention_kernels.py [--model smollm2-135m] [--lengths 512 2048 8192] [--queries 1 4 8 16 47]
+    python benchmarks/attention_kernels.py [--model smollm2-135m] [--lengths 512 2048 8192] [--queries 1 4 8 16 47 100]
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
-    ap.add_argument("--queries", type=int, nargs="+", default=[1, 4, 8, 16, 47])
+    ap.add_argument("--queries", type=int, nargs="+", default=[1, 4, 8, 16, 47, 100])
     ap.add_argument("--chunk", type=int, default=512, help="the chunked form's context chunk")
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
@@ -41,7 +45,8 @@ def main() -> int:
     from kvroute.engine import streaming
     from kvroute.engine.attention import MaskedContext, _one_shot
     from kvroute.engine.gather import GATHER_MIN_QUERIES, gathered_context_attention
-    from kvroute.engine.streaming import chunked_context_attention, keep_bias
+    from kvroute.engine.kept import KEPT_MAX_ROWS, kept_available, kept_context, kept_index
+    from kvroute.engine.streaming import chunked_context_attention, keep_bias, suffix_scores, with_suffix
     from kvroute.models import load_model
 
     fused = streaming.FUSED
@@ -63,7 +68,13 @@ def main() -> int:
     ratios = [r for _ in range(PRESSES) for r in RATIOS]
     B = len(ratios)
     g = torch.Generator().manual_seed(0)
-    rows, faster = [], {}
+    def kernel(qg, k_ctx, v_ctx, offsets, index, empty, key, value, q):  # noqa: ANN001, ANN202, PLR0913
+        """The kept-entries kernel, the suffix joined."""
+        o, lse = kept_context(qg, k_ctx, v_ctx, offsets, index, scale=D**-0.5)
+        return with_suffix(o, lse, empty, suffix_scores(qg, key, q, D**-0.5), value.transpose(0, 1), qg.dtype)
+
+    rows, faster, kernel_best = [], {}, {}
+    has_kernel = kept_available(torch.zeros(1, D), 1)
     for T in args.lengths:
         k_ctx, v_ctx = torch.randn(Hkv, T, D, generator=g), torch.randn(Hkv, T, D, generator=g)
         keep = torch.zeros(Hkv, B, 1, T, dtype=torch.bool)
@@ -72,6 +83,9 @@ def main() -> int:
                 keep[h, b, 0, torch.randperm(T, generator=g)[: int(T * (1 - r))]] = True
         kept = int(keep.sum())
         bias = keep_bias(keep, torch.float32)  # the engine builds it once per layer and batch, for every step
+        offsets, index = kept_index(keep[:, :, 0])  # (so is the kept-entries kernel's index)
+        empty = ~keep[:, :, 0].any(-1, keepdim=True)
+
         for q in args.queries:
             s = q + 10  # the suffix: the question so far and the query positions
             qg = torch.randn(B, Hkv, G * q, D, generator=g)
@@ -89,6 +103,8 @@ def main() -> int:
             if fused:  # the same two forms with the fused kernel off
                 forms["one-shot explicit"] = partial(explicit, forms["one-shot"])
                 forms["gathered explicit"] = partial(explicit, forms["gathered"])
+            if has_kernel:
+                forms["kept kernel"] = partial(kernel, qg, k_ctx, v_ctx, offsets, index, empty, key, value, q)
             times: dict[str, list[float]] = {k: [] for k in forms}
             for f in forms.values():
                 f()  # warm-up
@@ -103,9 +119,14 @@ def main() -> int:
             full_flops, kept_flops = 4 * B * G * q * T * D * Hkv, 4 * G * q * kept * D
             rows.append((T, q, med, full_flops, kept_flops, diff))
             faster[(T, q)] = med["gathered"] < med["one-shot"]
+            if has_kernel:
+                kernel_best[(T, q)] = med["kept kernel"] < min(med["one-shot"], med["chunked"], med["gathered"])
             print(f"T={T} q={q}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items()), flush=True)
     qs = sorted(args.queries)
     from_q = next((q for q in qs if all(faster[(T, q2)] for T in args.lengths for q2 in qs if q2 >= q)), None)
+    # the most query rows (G·q) up to which the kernel is the fastest form at every length and query count
+    up_to = max((G * q for q in qs if all(kernel_best.get((T, q2)) for T in args.lengths for q2 in qs if q2 <= q)),
+                default=None)
     lines = [
         "# Masked attention kernels: one-shot, chunked and gathered, per layer",
         "",
@@ -120,11 +141,14 @@ def main() -> int:
         "",
         "| context T | queries per cell | one-shot ms | chunked ms | gathered ms (with its gather) "
         "| gathered / one-shot | GFLOP all T | GFLOP kept | largest difference from one-shot |"
-        + (" one-shot explicit ms | gathered explicit ms |" if fused else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fused else ""),
+        + (" one-shot explicit ms | gathered explicit ms |" if fused else "")
+        + (" kept kernel ms | kept kernel / fastest other |" if has_kernel else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fused else "") + ("---|---|" if has_kernel else ""),
         *[f"| {T} | {q} | {m['one-shot']:.2f} | {m['chunked']:.2f} | {m['gathered']:.2f} | "
           f"{m['gathered'] / m['one-shot']:.2f} | {ff / 1e9:.2f} | {kf / 1e9:.2f} | {d:.1e} |"
           + (f" {m['one-shot explicit']:.2f} | {m['gathered explicit']:.2f} |" if fused else "")
+          + (f" {m['kept kernel']:.2f} | {m['kept kernel'] / min(m['one-shot'], m['chunked'], m['gathered']):.2f} |"
+             if has_kernel else "")
           for T, q, m, ff, kf, d in rows],
         "",
         *([f"One-shot and gathered use PyTorch's fused CPU attention kernel (the context part in one call, the suffix "
@@ -139,7 +163,13 @@ def main() -> int:
         "query does not repay the gather, and the engine multiplies the shared keys (one-shot, or chunked past the "
         "memory budget).",
         "",
+        *([(f"The kept-entries kernel is the fastest form at every length up to {up_to} query rows per (KV head, cell) "
+            f"({G} query heads per KV head × queries per cell)" if up_to is not None else
+            "The kept-entries kernel is not the fastest form at every length for any query count measured")
+           + f"; the engine runs it up to KEPT_MAX_ROWS = {KEPT_MAX_ROWS} rows (the gathered form above).", ""]
+          if has_kernel else ["The kept-entries kernel is not built here (kvroute.engine.kept): not timed.", ""]),
         f"gathered from: {from_q}",
+        *([f"kept kernel fastest up to rows: {up_to}"] if has_kernel else []),
     ]
     write("attention_kernels", lines)
     print("\n".join(lines))

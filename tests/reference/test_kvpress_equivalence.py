@@ -149,11 +149,12 @@ def _masked_by_kvpress(spec):
     return build_press(_with_weights(_model("llama"), spec)).selection.kvpress_fake_keys
 
 
-def _assert_matches_kvpress(arch, press):
-    """Tokens, text and first-token logits equal to kvpress's pipeline; masks for fake-key presses (module doc)."""
+def _assert_matches_kvpress(arch, press, big=False):
+    """Tokens, text and first-token logits equal to kvpress's pipeline; masks for fake-key presses (module doc).
+    ``big``: on the head_dim-64 model (where the kept-entries attention kernel runs)."""
     if _masked_by_kvpress(press):
         return _assert_selects_as_kvpress(arch, press)
-    lm = _model(arch)
+    lm = _model(arch, big=big)
     press = _with_weights(lm, press)
     prompt = _prompt(lm, press)
     cells = [Cell(press, r) for r in RATIOS]
@@ -216,6 +217,23 @@ def test_scorer_variants_match_kvpress(arch, press):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_every_registered_selection_matches_kvpress(arch, press):
     _assert_matches_kvpress(arch, press)
+
+
+@pytest.mark.parametrize("press", ["snapkv[window_size=16]", "expected_attention", "streaming_llm", "knorm+per_head",
+                                   "tova", "snapkv[window_size=16]+pyramid[window_size=16]"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_answers_through_the_kept_entries_kernel_match_kvpress(arch, press, monkeypatch):
+    """On the head_dim-64 model the masked attention's forwards run through the kept-entries kernel
+    (kvroute.engine.kept) where it is built: the answers are still kvpress's. Under CI=true the kernel must run."""
+    import os
+
+    from kvroute.engine import kept
+
+    calls = []
+    real = kept.kept_context
+    monkeypatch.setattr("kvroute.engine.attention.kept_context", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    _assert_matches_kvpress(arch, press, big=True)
+    assert calls or (kept.kernel() is None and os.environ.get("CI") != "true"), "the kept-entries kernel did not run"
 
 
 def registry_gaps() -> list[str]:

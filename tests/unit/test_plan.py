@@ -15,7 +15,8 @@ def test_the_counts_are_the_tensors_they_name():
     T, q, new = 1000, 10, 5
     assert SHAPE.context_bytes(T) == 2 * 2 * 2 * 1000 * 8 * 4  # K and V, layers, KV heads, tokens, dims, float32
     per_cell = SHAPE.batch_cell_bytes(T, q, new, capture=True)
-    assert per_cell == (2 * 2 * 1000 * (1 + 2)  # keep mask, one byte per (layer, KV head, token); its additive form, 2
+    # keep mask, one byte per (layer, KV head, token); its additive form, 2; its kept positions, at most 4
+    assert per_cell == (2 * 2 * 1000 * (1 + 2 + 4)
                         + 2 * 2 * 2 * (10 + 2 * 5 + 1) * 8 * 4  # suffix K/V: question, answer and a draft
                         + 3 * 10 * 32 * 4  # hidden states of every layer (and the embeddings) kept
                         + 3 * 10 * 64 * 4  # MLP transient

@@ -24,6 +24,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvroute.engine.gather import GATHER_MIN_QUERIES, GATHER_SLICE_BYTES, gathered_bytes, gathered_context_attention
+from kvroute.engine.kept import kept_available, kept_context, kept_index, select_index
 from kvroute.engine.streaming import (
     chunked_context_attention,
     fused_available,
@@ -69,12 +70,16 @@ class MaskedContext:
     # ``keep`` is replaced (see __setattr__)
     _bias: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _empty: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    # per layer, the kept positions of every (KV head, cell) in the CSR form the kept-entries kernel reads
+    # (kvroute.engine.kept.kept_index), built on first use like the bias
+    _index: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         if name == "keep":
             super().__setattr__("_bias", {})
             super().__setattr__("_empty", {})
+            super().__setattr__("_index", {})
 
     def context_bias(self, layer: int, dtype: torch.dtype) -> torch.Tensor:
         """``[Hkv, B, 1, T]``: 0 where a cell keeps a context entry of ``layer``, −inf where not, to add to scores of
@@ -91,11 +96,20 @@ class MaskedContext:
             empty = self._empty[layer] = ~self.keep[:, layer].transpose(0, 1).any(-1, keepdim=True)
         return empty
 
+    def context_index(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept positions of every (KV head, cell) of ``layer``, as (offsets, index) (cached)."""
+        index = self._index.get(layer)
+        if index is None:
+            index = self._index[layer] = kept_index(self.keep[:, layer].transpose(0, 1))
+        return index
+
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only the cells ``rows`` (the ones still decoding), their cached masks included."""
+        """Keep only the cells ``rows`` (ascending: the ones still decoding), their cached masks included."""
         cached = [{layer: t.index_select(1, rows) for layer, t in c.items()} for c in (self._bias, self._empty)]
+        heads, ascending = self.keep.shape[2], bool((rows[1:] > rows[:-1]).all())
+        index = {layer: select_index(o, i, heads, rows) for layer, (o, i) in self._index.items()} if ascending else {}
         self.keep = self.keep.index_select(0, rows)
-        self._bias, self._empty = cached
+        self._bias, self._empty, self._index = *cached, index
         if self.suffix_keep is not None:
             self.suffix_keep = self.suffix_keep.index_select(0, rows)
 
@@ -103,7 +117,7 @@ class MaskedContext:
     def rows_of(self, rows: torch.Tensor) -> Iterator[None]:
         """Within the block, row i of a forward is cell ``rows[i]`` (cells may repeat) and nothing is captured;
         afterwards ``keep``, ``on_probs`` and the cached masks are as before."""
-        saved = self.keep, self.on_probs, self._bias, self._empty
+        saved = self.keep, self.on_probs, self._bias, self._empty, self._index
         self.keep, self.on_probs = self.keep.index_select(0, rows), None
         try:
             yield
@@ -111,6 +125,7 @@ class MaskedContext:
             self.keep, self.on_probs = saved[:2]
             super().__setattr__("_bias", saved[2])  # (replacing keep emptied the caches)
             super().__setattr__("_empty", saved[3])
+            super().__setattr__("_index", saved[4])
 
     def captured(self, q: int) -> range:
         """The query indices of a forward of ``q`` queries whose attention rows ``on_probs`` receives."""
@@ -144,12 +159,20 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
     gather = ctx.gather_from is not None and q >= ctx.gather_from and (
         gathered_bytes(1, Hkv, 1, T, key.shape[2], D, k_ctx.element_size()) <= limit)
     chunked = not gather and ctx.context_chunk is not None and ctx.context_chunk < T
+    # the kept-entries kernel (kvroute.engine.kept) in place of all three forms where it runs, except a one-shot forward
+    # that captures rows: it keeps computing every probability at once
+    kept = T > 0 and (gather or chunked or not ctx.captured(q)) and kept_available(qg, G * q)
     if gather or chunked:  # the captured rows on their own (the other queries' rows are never materialised)
         for i in ctx.captured(q):
             assert ctx.on_probs is not None
             ctx.on_probs(layer, probability_rows(qg, k_ctx, ctx.context_bias(layer, qg.dtype), key, q=q, index=i,
                                                    scale=scale, own=own), i)
-    if gather:
+    if kept:
+        offsets, index = ctx.context_index(layer)
+        o, lse = kept_context(qg, k_ctx, v_ctx, offsets, index, scale=scale)  # [Hkv, B, G·q, D], [Hkv, B, G·q]
+        out = with_suffix(o, lse, ctx.context_empty(layer), suffix_scores(qg, key, q, scale, own),
+                          value.transpose(0, 1), qg.dtype)
+    elif gather:
         out = gathered_context_attention(qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale, own=own,
                                          budget=limit)  # [Hkv, B, G·q, D]
     elif chunked:

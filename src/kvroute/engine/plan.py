@@ -66,12 +66,14 @@ class MemoryShape:
         return self.context_bytes(T) + act + scores + amap
 
     def batch_cell_bytes(self, T: int, q: int, new: int, *, capture: bool) -> int:
-        """One cell's share of a decoding batch: keep mask and its additive form (kept per layer for the batch),
-        suffix K/V (question, answer, a draft of ``new``), one forward's activations for its ``q`` rows (hidden
-        states of every layer kept when ``capture``), the logits of ``new + 1`` positions, its attention rows at the
-        smallest context chunk, and with ``capture`` the captured attention row of its last prompt token while it is
-        computed."""
-        mask = self.layers * self.kv_heads * T * (1 + 2)  # bool, and its additive form (two bytes, cached)
+        """One cell's share of a decoding batch: keep mask, its additive form and its kept positions (kept per layer
+        for the batch), suffix K/V (question, answer, a draft of ``new``), one forward's activations for its ``q``
+        rows (hidden states of every layer kept when ``capture``), the logits of ``new + 1`` positions, its
+        attention rows at the smallest context chunk, and with ``capture`` the captured attention row of its last
+        prompt token while it is computed."""
+        # bool; its additive form (two bytes, cached); its kept positions for the kept-entries kernel
+        # (kvroute.engine.kept: int32, cached, at most T of them)
+        mask = self.layers * self.kv_heads * T * (1 + 2 + 4)
         suffix = 2 * self.layers * self.kv_heads * (q + 2 * new + 1) * self.head_dim * self.dtype_bytes
         states = (self.layers + 1 if capture else 4) * q * self.hidden * self.dtype_bytes
         mlp = 3 * q * self.intermediate * self.dtype_bytes

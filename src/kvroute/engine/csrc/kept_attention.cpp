@@ -1,0 +1,212 @@
+// Attention of a few query rows per (KV head, cell) over that cell's kept context entries only.
+//
+// The decode steps of the masked engine attend, for every cell of a batch and every KV head, one query position
+// (the G query heads of the group: R = G rows) over the shared context K/V, of which the cell keeps a subset. The
+// dense kernels multiply all T keys and drop the masked scores; this kernel visits the kept positions alone (a
+// CSR list per (KV head, cell)), reading each kept key and value row once per (KV head, cell), with an online
+// softmax over blocks of kept entries. It returns the context part of the attention and each row's log-sum-exp,
+// which kvroute.engine.streaming.with_suffix joins with the cells' own suffix, as it does for PyTorch's fused
+// kernel. float32 in, float32 out; accumulation in float32.
+#include <torch/extension.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#if !defined(__AVX512F__)
+#error "kvroute's kept-entries attention kernel needs AVX-512 (the masked engine falls back to PyTorch's kernels)"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 128;  // kept entries per online-softmax step (their scores stay in L1)
+constexpr int64_t kSpan = 256;   // context positions whose keys and values the cells of a work item share in cache
+constexpr int64_t kRun = 8;      // cells per work item, at most
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) of 16 lanes (Cephes' single-precision polynomial after range reduction, relative error about 1e-7; 2^n
+// applied by scalef, so that a lane below about -87 goes to 0 and -inf to exactly 0).
+inline __m512 exp16(__m512 x) {
+  const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f),
+                                                         _mm512_set1_ps(0.5f)),
+                                         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+  const __m512 z = _mm512_mul_ps(r, r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, z, r), _mm512_set1_ps(1.0f));
+  // x = -inf gives fx = -inf and r = NaN: those lanes are 0
+  const __mmask16 finite = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-1e30f), _CMP_GT_OQ);
+  return _mm512_maskz_scalef_ps(finite, y, fx);
+}
+
+inline float exp1(float x) { return _mm512_cvtss_f32(exp16(_mm512_set1_ps(x))); }
+
+// The online-softmax state of one (KV head, cell) pair: R query rows of NV·16 floats, their output so far (``out``,
+// unnormalised), running maximum ``m`` and running sum ``l``.
+template <int NV>
+struct Pair {
+  const float* q;
+  float* out;
+  float* m;
+  float* l;
+};
+
+// One step of pair ``p`` over ``nb`` ≤ kBlock kept rows ``idx`` of k/v (row strides ks, vs); ``s``: [R, kBlock]
+// scratch.
+template <int NV>
+inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, const float* __restrict v, int64_t ks,
+                      int64_t vs, const int32_t* __restrict idx, int64_t nb, float scale, float* __restrict s) {
+  constexpr int64_t d = NV * 16;
+  const int64_t nv = (nb + 15) / 16 * 16;  // scores padded to whole registers with -inf
+  for (int64_t jj = 0; jj < nb; ++jj) {  // scores: each key row loaded once for the R rows
+    const float* kr = k + static_cast<int64_t>(idx[jj]) * ks;
+    __m512 kv[NV];
+    for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = p.q + r * d;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
+      for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), kv[c], acc);
+      s[r * kBlock + jj] = _mm512_reduce_add_ps(acc) * scale;
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {  // online softmax over the step
+    float* sr = s + r * kBlock;
+    for (int64_t jj = nb; jj < nv; ++jj) sr[jj] = kNegInf;
+    __m512 mx = _mm512_set1_ps(kNegInf);
+    for (int64_t jj = 0; jj < nv; jj += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + jj));
+    const float m_new = std::max(p.m[r], _mm512_reduce_max_ps(mx));
+    const float corr = p.m[r] == kNegInf ? 0.0f : exp1(p.m[r] - m_new);
+    const __m512 mv = _mm512_set1_ps(m_new);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t jj = 0; jj < nv; jj += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + jj), mv));
+      _mm512_storeu_ps(sr + jj, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    p.l[r] = p.l[r] * corr + _mm512_reduce_add_ps(sum);
+    p.m[r] = m_new;
+    float* o = p.out + r * d;
+    const __m512 cv = _mm512_set1_ps(corr);
+    __m512 acc[NV];  // the row's output in registers across the step
+    for (int c = 0; c < NV; ++c) acc[c] = _mm512_mul_ps(_mm512_loadu_ps(o + 16 * c), cv);
+    for (int64_t jj = 0; jj < nb; ++jj) {
+      const __m512 e = _mm512_set1_ps(sr[jj]);
+      const float* vr = v + static_cast<int64_t>(idx[jj]) * vs;
+      for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
+  }
+}
+
+template <int NV>
+void run_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const int64_t* offsets,
+             const int32_t* idx, float scale, torch::Tensor& out, torch::Tensor& lse) {
+  constexpr int64_t d = NV * 16;
+  const int64_t H = q.size(0), B = q.size(1), R = q.size(2), T = k.size(1);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  float* lp = lse.data_ptr<float>();
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1);
+  out.zero_();
+  // work items: (KV head, a run of cells); an item walks its head's context in spans of kSpan positions and steps
+  // every cell of the run through its kept entries in the span, so the span's keys and values stay in the core's
+  // cache for all of them
+  const int threads = std::max(1, at::get_num_threads());
+  const int64_t per_item = std::max<int64_t>(1, std::min<int64_t>(kRun, (H * B + 2 * threads - 1) / (2 * threads)));
+  const int64_t runs = (B + per_item - 1) / per_item;
+  const int64_t items = H * runs;
+  std::vector<float> ms(H * B * R, kNegInf), ls(H * B * R, 0.0f);  // per row: running maximum, running sum
+#pragma omp parallel num_threads(std::min<int64_t>(threads, items))
+  {
+    std::vector<float> sbuf(R * kBlock);
+    std::vector<int64_t> cur(per_item);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t h = it / runs, b0 = (it % runs) * per_item, b1 = std::min(B, b0 + per_item);
+      const float* kh = kp + h * ks0;
+      const float* vh = vp + h * vs0;
+      for (int64_t b = b0; b < b1; ++b) cur[b - b0] = offsets[h * B + b];
+      for (int64_t a = 0; a < T; a += kSpan) {
+        const int32_t end = static_cast<int32_t>(std::min(T, a + kSpan));
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t pr = h * B + b;
+          int64_t j = cur[b - b0];
+          const int64_t stop = offsets[pr + 1];
+          while (j < stop && idx[j] < end) {
+            int64_t e = j;
+            while (e < stop && e - j < kBlock && idx[e] < end) ++e;
+            const Pair<NV> p{qp + pr * R * d, op + pr * R * d, ms.data() + pr * R, ls.data() + pr * R};
+            pair_step<NV>(p, R, kh, vh, ks1, vs1, idx + j, e - j, scale, sbuf.data());
+            j = e;
+          }
+          cur[b - b0] = j;
+        }
+      }
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t pr = h * B + b;
+        for (int64_t r = 0; r < R; ++r) {
+          const float mr = ms[pr * R + r], lr = ls[pr * R + r];
+          float* o = op + (pr * R + r) * d;
+          if (lr > 0.0f) {
+            const __m512 inv = _mm512_set1_ps(1.0f / lr);
+            for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o + 16 * c), inv));
+            lp[pr * R + r] = mr + std::log(lr);
+          } else {
+            lp[pr * R + r] = kNegInf;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// q [H, B, R, D] float32; k, v [H, T, D] float32 (last dim contiguous); offsets int64 [H*B + 1] into idx (int32, the
+// kept positions of pair h*B + b in ascending order). Returns (out [H, B, R, D], lse [H, B, R]): the attention of
+// each row over the pair's kept keys, and the log of its softmax normaliser (−inf, with out 0, where none is kept).
+std::vector<torch::Tensor> kept_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor offsets,
+                                          torch::Tensor idx, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 3 && v.dim() == 3, "kept_attention: q [H,B,R,D], k/v [H,T,D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "kept_attention: float32 only");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "kept_attention: k/v rows must be contiguous");
+  TORCH_CHECK(offsets.scalar_type() == at::kLong && idx.scalar_type() == at::kInt, "kept_attention: index dtypes");
+  q = q.contiguous();
+  offsets = offsets.contiguous();
+  idx = idx.contiguous();
+  const int64_t H = q.size(0), B = q.size(1), R = q.size(2), d = q.size(3);
+  TORCH_CHECK(k.size(0) == H && v.size(0) == H && k.size(2) == d && v.size(2) == d, "kept_attention: shapes");
+  TORCH_CHECK(offsets.numel() == H * B + 1, "kept_attention: offsets must have H*B + 1 entries");
+  auto out = torch::empty({H, B, R, d}, q.options());
+  auto lse = torch::empty({H, B, R}, q.options());
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  const int32_t* ip = idx.data_ptr<int32_t>();
+  const float sc = static_cast<float>(scale);
+  switch (d) {
+    case 64: run_all<4>(q, k, v, off, ip, sc, out, lse); break;
+    case 80: run_all<5>(q, k, v, off, ip, sc, out, lse); break;
+    case 96: run_all<6>(q, k, v, off, ip, sc, out, lse); break;
+    case 128: run_all<8>(q, k, v, off, ip, sc, out, lse); break;
+    case 256: run_all<16>(q, k, v, off, ip, sc, out, lse); break;
+    default: TORCH_CHECK(false, "kept_attention: head_dim must be one of 64, 80, 96, 128, 256");
+  }
+  return {out, lse};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("kept_attention", &kept_attention, "attention over each (KV head, cell)'s kept context entries");
+}

@@ -1,0 +1,147 @@
+"""Masked attention over each cell's kept context entries only, in one CPU kernel (``csrc/kept_attention.cpp``).
+
+A cell at ratio α keeps (1 − α)·T context entries per KV head, yet PyTorch's fused kernel, given the keep mask as an
+additive bias, multiplies the queries with all T keys and drops the masked scores: at α = 0.9 nine tenths of the
+work, and most of a long-context decode step. A pruned cache (kvpress's) pays for its kept entries only. This kernel
+does the same from the shared context: per (KV head, cell) it reads the kept positions from a CSR list
+(:func:`kept_index`, built once per layer of a batch and sliced when cells leave it) and runs an online softmax over
+them, walking the context in spans whose keys and values the cells of a work item share in cache. It returns the
+context part of the attention and each row's log-sum-exp, which :func:`kvroute.engine.streaming.with_suffix` joins
+with the cells' own suffix, as for PyTorch's fused kernel; it needs no transient tensor beyond its output, so it
+also replaces the gathered and chunked forms where it applies (:data:`KEPT_MAX_ROWS`).
+
+The kernel is C++ with AVX-512 intrinsics, float32 only, built once per machine at first use through
+``torch.utils.cpp_extension`` (a C++ compiler and ninja; ``ninja`` is a dependency) into PyTorch's extension cache.
+Where it cannot be built or run (no AVX-512, no compiler, another dtype or device, a head size it was not
+instantiated for) the masked attention uses PyTorch's kernels as before, with the same results to float32 rounding
+(tests/unit/test_kept.py); ``KVROUTE_KEPT_KERNEL=0`` turns it off. ``benchmarks/attention_kernels.py`` times it
+beside the other forms.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "kept_attention.cpp"
+#: head sizes the kernel is instantiated for
+HEAD_DIMS = (64, 80, 96, 128, 256)
+#: the most query rows per (KV head, cell) (GQA group × queries per cell) for which the kernel runs: it reads each
+#: kept key once per (KV head, cell) and works through the rows one by one, so past about this many rows the gathered
+#: form's matrix products win (benchmarks/attention_kernels.py: at 8,192 tokens the kernel takes 38 against 83 ms a
+#: layer at 48 rows, 116 against 135 at 141, and 269 against 212 at 300)
+KEPT_MAX_ROWS = 160
+#: ``KVROUTE_KEPT_KERNEL=0`` turns the kernel off (PyTorch's kernels then run everywhere)
+ENABLED = os.environ.get("KVROUTE_KEPT_KERNEL", "1") != "0"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), '' where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _build_name(flags: str) -> str:
+    """The extension's name: the source, the CPU's flags and PyTorch's version hashed in, so that a build for another
+    CPU or PyTorch (a shared home directory) is never loaded."""
+    seen = (flags, torch.__version__, platform.machine())
+    digest = hashlib.sha1(SOURCE.read_bytes() + "|".join(seen).encode())
+    return f"kvroute_kept_{digest.hexdigest()[:12]}"
+
+
+@functools.cache
+def kernel() -> Any | None:
+    """The compiled kernel module (built at the first call on a machine, about half a minute), or None where it is off
+    or cannot be built here (the reason is logged once)."""
+    if not ENABLED:
+        return None
+    flags = _cpu_flags()
+    if "avx512f" not in flags.split():
+        log.info("kept-entries attention kernel: this CPU has no AVX-512; PyTorch's kernels run")
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+    except ImportError as e:  # pragma: no cover - part of every PyTorch
+        log.warning("kept-entries attention kernel unavailable (%s); PyTorch's kernels run", e)
+        return None
+    path = os.environ.get("PATH", "")
+    try:
+        import ninja  # the build tool, from the ``ninja`` wheel: its binary need not be on PATH
+
+        os.environ["PATH"] = str(ninja.BIN_DIR) + os.pathsep + path
+    except ImportError:
+        pass
+    try:
+        from kvroute.console import err_console
+
+        name = _build_name(flags)
+        directory = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "") or Path.home() / ".cache" / "torch_extensions")
+        if not any(directory.glob(f"*/{name}/{name}*.so")):
+            err_console.print("kvroute: building the kept-entries attention kernel (once per machine, about 30 s)")
+        return load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # noqa: BLE001 - any build or load failure: the PyTorch kernels still give the results
+        log.warning("kept-entries attention kernel could not be built (%s: %s); PyTorch's kernels run",
+                    type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
+        return None
+    finally:
+        os.environ["PATH"] = path
+
+
+def kept_available(query: torch.Tensor, rows: int) -> bool:
+    """Whether :func:`kept_context` runs for ``query`` (``[..., D]``) with ``rows`` query rows per (KV head, cell): on
+    a CPU, float32, a head size in :data:`HEAD_DIMS`, at most :data:`KEPT_MAX_ROWS` rows, and the kernel built."""
+    return (ENABLED and query.device.type == "cpu" and query.dtype == torch.float32 and query.shape[-1] in HEAD_DIMS
+            and rows <= KEPT_MAX_ROWS and kernel() is not None)
+
+
+def kept_index(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``keep`` bool ``[Hkv, B, T]`` → the CSR form the kernel reads: ``offsets`` int64 ``[Hkv·B + 1]`` and the kept
+    positions ``index`` int32 (pair ``h·B + b``'s in ascending order at ``index[offsets[p]:offsets[p + 1]]``)."""
+    Hkv, B, T = keep.shape
+    flat = keep.reshape(Hkv * B, T)
+    offsets = torch.zeros(Hkv * B + 1, dtype=torch.long, device=keep.device)
+    torch.cumsum(flat.sum(-1), 0, out=offsets[1:])
+    return offsets, flat.nonzero()[:, 1].to(torch.int32)
+
+
+def select_index(offsets: torch.Tensor, index: torch.Tensor, heads: int, rows: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                       torch.Tensor]:
+    """The CSR form (:func:`kept_index`) of the cells ``rows`` (ascending batch rows) of ``heads`` KV heads, sliced
+    from the whole batch's without rebuilding it from the mask."""
+    counts = (offsets[1:] - offsets[:-1]).view(heads, -1)  # [Hkv, B]
+    B = counts.shape[1]
+    alive = torch.zeros(B, dtype=torch.bool, device=offsets.device)
+    alive[rows] = True
+    take = alive.repeat(heads).repeat_interleave(counts.flatten(), output_size=index.numel())
+    new = counts.index_select(1, rows).flatten()
+    out = torch.zeros(new.numel() + 1, dtype=torch.long, device=offsets.device)
+    torch.cumsum(new, 0, out=out[1:])
+    return out, index[take]
+
+
+def kept_context(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, offsets: torch.Tensor,
+                 index: torch.Tensor, *, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``qg`` ``[B, Hkv, R, D]`` over each (KV head, cell)'s kept rows of ``k_ctx``/``v_ctx``
+    ``[Hkv, T, D]`` (CSR ``offsets``/``index``, :func:`kept_index`): the output ``[Hkv, B, R, D]`` and each row's
+    log-sum-exp ``[Hkv, B, R]`` (output 0 and log-sum-exp −inf where a pair keeps nothing), for
+    :func:`kvroute.engine.streaming.with_suffix`. Check :func:`kept_available` first."""
+    mod = kernel()
+    assert mod is not None
+    out, lse = mod.kept_attention(qg.transpose(0, 1).contiguous(), k_ctx, v_ctx, offsets, index, float(scale))
+    return out, lse

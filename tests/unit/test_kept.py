@@ -1,0 +1,151 @@
+"""The kept-entries attention kernel (kvroute.engine.kept) equals the explicit masked attention to float32 rounding.
+
+Each case runs the masked attention function twice on the same inputs: once with the kernel and once with PyTorch's
+explicit one-shot form (softmax over the masked scores), and also checks the kernel's raw output and log-sum-exp
+against a dense reference. Cells that keep nothing, cells that keep everything, contexts shorter and longer than the
+kernel's span (256 positions) and block (128 kept entries), several head sizes, GQA groups and query counts, and a
+context K/V with room to spare (row stride ≠ head size) are covered. The kernel needs AVX-512 and a C++ compiler:
+without them these tests skip, except under CI=true, where the machine has both and a missing kernel is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kvroute.engine import kept
+from kvroute.engine.attention import MaskedContext
+from kvroute.engine.kept import kept_context, kept_index, select_index
+from tests.attention_call import masked_forward
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    mod = kept.kernel()
+    if mod is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the kept-entries attention kernel did not build on the CI machine (see the log's warning)")
+        pytest.skip("no AVX-512 or no C++ compiler here: the kept-entries kernel is not built")
+    return mod
+
+
+def _inputs(B, Hkv, G, q, s, T, D, *, share=0.5, seed=0, spare=0):
+    g = torch.Generator().manual_seed(seed)
+    # a cache with room to spare: rows of a [1, Hkv, T + spare, D] tensor, as a growing cache holds them
+    k_ctx = torch.randn(1, Hkv, T + spare, D, generator=g)[:, :, :T]
+    v_ctx = torch.randn(1, Hkv, T + spare, D, generator=g)[:, :, :T]
+    keep = torch.rand(B, 1, Hkv, T, generator=g) > share  # [B, L=1, Hkv, T]
+    keep[0] = False  # a cell that keeps nothing
+    if B > 2:
+        keep[1] = True  # a cell that keeps everything
+        keep[2, 0, 0] = False  # a KV head of which a cell keeps nothing
+    query = torch.randn(B, Hkv * G, q, D, generator=g) * 2
+    key, value = torch.randn(B, Hkv, s, D, generator=g), torch.randn(B, Hkv, s, D, generator=g)
+    return k_ctx, v_ctx, keep, query, key, value
+
+
+@pytest.mark.parametrize("B, Hkv, G, q, s, T, D", [
+    (4, 3, 3, 1, 5, 700, 64),  # a decode step: SmolLM2's GQA (3 query heads per KV head), past one span
+    (3, 2, 7, 1, 2, 90, 64),  # Qwen2.5-0.5B's group, a context shorter than one block
+    (5, 2, 2, 9, 12, 1000, 128),  # a few queries per cell (a draft or a short question), head_dim 128
+    (3, 1, 4, 20, 20, 300, 80),  # a question forward past the gather threshold, head_dim 80
+    (3, 2, 1, 1, 1, 2048, 96),  # many kept entries per pair: several blocks per span
+])
+def test_kernel_equals_the_explicit_masked_attention(kernel, monkeypatch, B, Hkv, G, q, s, T, D):
+    k_ctx, v_ctx, keep, query, key, value = _inputs(B, Hkv, G, q, s, T, D, spare=7)
+    calls = []
+    real = kept_context
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr("kvroute.engine.attention.kept_context", counting)
+    ours = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, gather_from=None), query, key, value)
+    assert calls, "the kernel did not run"
+    monkeypatch.setattr(kept, "ENABLED", False)
+    ref = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, gather_from=None), query, key, value)
+    assert len(calls) == 1
+    assert ours.shape == ref.shape == (B, q, Hkv * G, D)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 0.97, 1.0])
+def test_kernel_output_and_log_sum_exp_against_a_dense_reference(kernel, share):
+    B, Hkv, R, T, D = 6, 2, 3, 530, 64
+    g = torch.Generator().manual_seed(int(share * 100))
+    k_ctx, v_ctx = torch.randn(Hkv, T, D, generator=g), torch.randn(Hkv, T, D, generator=g)
+    keep = torch.rand(Hkv, B, T, generator=g) >= share  # share = 1.0: nothing kept anywhere
+    qg = torch.randn(B, Hkv, R, D, generator=g) * 3
+    offsets, index = kept_index(keep)
+    assert offsets.tolist()[-1] == int(keep.sum()) == index.numel()
+    out, lse = kept_context(qg, k_ctx, v_ctx, offsets, index, scale=0.125)
+    scores = torch.einsum("bhrd,htd->hbrt", qg, k_ctx) * 0.125
+    scores = scores.masked_fill(~keep[:, :, None], float("-inf"))
+    ref_lse = torch.logsumexp(scores, -1)  # −inf where a pair keeps nothing
+    probs = torch.softmax(scores, -1).nan_to_num(0.0)
+    ref = torch.einsum("hbrt,htd->hbrd", probs, v_ctx)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=0)
+
+
+def test_the_kept_index_follows_the_cells_that_stay(kernel):
+    """select_index slices the CSR lists of the cells that stay, equal to rebuilding them; MaskedContext.select carries
+    the cached index along, and the attention after a select equals a fresh context's."""
+    g = torch.Generator().manual_seed(3)
+    B, L, Hkv, T, D = 7, 2, 3, 300, 64
+    keep = torch.rand(B, L, Hkv, T, generator=g) > 0.4
+    keep[4, 1] = False
+    rows = torch.tensor([0, 2, 3, 4, 6])
+    for layer in range(L):
+        o, i = kept_index(keep[:, layer].transpose(0, 1))
+        so, si = select_index(o, i, Hkv, rows)
+        ro, ri = kept_index(keep[rows, layer].transpose(0, 1))
+        assert torch.equal(so, ro) and torch.equal(si, ri)
+    k_ctx, v_ctx = torch.randn(1, Hkv, T, D, generator=g), torch.randn(1, Hkv, T, D, generator=g)
+    query = torch.randn(B, Hkv * 3, 1, D, generator=g)
+    key, value = torch.randn(B, Hkv, 4, D, generator=g), torch.randn(B, Hkv, 4, D, generator=g)
+    ctx = MaskedContext([k_ctx, k_ctx], [v_ctx, v_ctx], keep, gather_from=None)
+    masked_forward(ctx, query, key, value)  # builds layer 0's index
+    assert 0 in ctx._index
+    ctx.select(rows)
+    assert 0 in ctx._index  # sliced, not dropped
+    after = masked_forward(ctx, query[rows], key[rows], value[rows])
+    fresh = masked_forward(MaskedContext([k_ctx], [v_ctx], keep[rows], gather_from=None), query[rows], key[rows],
+                           value[rows])
+    assert torch.equal(after, fresh)
+    ctx.select(torch.tensor([3, 1]))  # not ascending: the index is rebuilt from the mask on next use
+    assert not ctx._index
+    assert torch.equal(masked_forward(ctx, query[rows][[3, 1]], key[rows][[3, 1]], value[rows][[3, 1]]),
+                       masked_forward(MaskedContext([k_ctx], [v_ctx], keep[rows][[3, 1]], gather_from=None),
+                                      query[rows][[3, 1]], key[rows][[3, 1]], value[rows][[3, 1]]))
+
+
+def test_the_kernel_stays_out_where_it_does_not_apply(kernel, monkeypatch):
+    """bfloat16, head sizes it was not built for, more rows than KEPT_MAX_ROWS and a one-shot forward that captures
+    its rows go through PyTorch's kernels; the captured rows of a gathered forward are unchanged by it."""
+    calls = []
+    real = kept_context
+    monkeypatch.setattr("kvroute.engine.attention.kept_context", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for dtype, D, G, q in [(torch.bfloat16, 64, 2, 1), (torch.float32, 16, 2, 1), (torch.float32, 64, 9, 20)]:
+        k_ctx, v_ctx, keep, query, key, value = _inputs(3, 2, G, q, q, 200, D)
+        masked_forward(MaskedContext([k_ctx.to(dtype)], [v_ctx.to(dtype)], keep, gather_from=None), query.to(dtype),
+                       key.to(dtype), value.to(dtype))
+    assert not calls
+    k_ctx, v_ctx, keep, query, key, value = _inputs(3, 2, 2, 1, 3, 200, 64)
+    seen: dict[str, torch.Tensor] = {}
+    masked_forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __: seen.__setitem__("rows", r), 0,
+                                 gather_from=None), query, key, value)
+    assert not calls and seen["rows"].shape == (3, 4, 203)
+    # a gathered forward (q ≥ gather_from) that captures: rows as without the kernel, output through the kernel
+    k_ctx, v_ctx, keep, query, key, value = _inputs(3, 2, 2, 6, 6, 200, 64)
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(kept, "ENABLED", on)
+        outs[on] = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, lambda _, r, __, on=on: seen.__setitem__(on, r),
+                                                5, gather_from=4), query, key, value)
+    assert calls
+    assert torch.equal(seen[True], seen[False])
+    torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=0)
