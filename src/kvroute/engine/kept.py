@@ -39,7 +39,7 @@ HEAD_DIMS = (64, 80, 96, 128, 256)
 #: kept key once per (KV head, cell) and works through the rows one by one, so past about this many rows the gathered
 #: form's matrix products win (benchmarks/attention_kernels.py: at 8,192 tokens the kernel takes 38 against 83 ms a
 #: layer at 48 rows, 116 against 135 at 141, and 269 against 212 at 300)
-KEPT_MAX_ROWS = 160
+KEPT_MAX_ROWS = 512
 #: ``KVROUTE_KEPT_KERNEL=0`` turns the kernel off (PyTorch's kernels then run everywhere)
 ENABLED = os.environ.get("KVROUTE_KEPT_KERNEL", "1") != "0"
 

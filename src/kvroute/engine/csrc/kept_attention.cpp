@@ -62,22 +62,82 @@ struct Pair {
   float* l;
 };
 
+// Scores of rows [r0, r0 + RB) against 16 keys held transposed in ``kt`` ([NV·16 dims][16 keys]): one FMA per
+// (row, dimension) covers the 16 keys, with no horizontal sum (the form for many rows per pair).
+template <int NV, int RB>
+inline void scores_transposed(const float* __restrict q, int64_t r0, const float* __restrict kt, float scale,
+                              float* __restrict s) {
+  constexpr int64_t d = NV * 16;
+  __m512 acc[RB];
+  for (int i = 0; i < RB; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t x = 0; x < d; ++x) {
+    const __m512 kx = _mm512_loadu_ps(kt + 16 * x);
+    for (int i = 0; i < RB; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[(r0 + i) * d + x]), kx, acc[i]);
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int i = 0; i < RB; ++i) _mm512_storeu_ps(s + (r0 + i) * kBlock, _mm512_mul_ps(acc[i], sc));
+}
+
+// out rows [r0, r0 + RB) += their probabilities in ``s`` times the nb value rows ``idx``: each value row loaded
+// once for the RB rows, whose outputs stay in registers across the step.
+template <int NV, int RB>
+inline void values_rows(float* __restrict out, int64_t r0, const float* __restrict v, int64_t vs,
+                        const int32_t* __restrict idx, int64_t nb, const float* __restrict s) {
+  constexpr int64_t d = NV * 16;
+  __m512 acc[RB][NV];
+  for (int i = 0; i < RB; ++i) {
+    for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_loadu_ps(out + (r0 + i) * d + 16 * c);
+  }
+  for (int64_t jj = 0; jj < nb; ++jj) {
+    const float* vr = v + static_cast<int64_t>(idx[jj]) * vs;
+    __m512 vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+    for (int i = 0; i < RB; ++i) {
+      const __m512 e = _mm512_set1_ps(s[(r0 + i) * kBlock + jj]);
+      for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_fmadd_ps(e, vv[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < RB; ++i) {
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + (r0 + i) * d + 16 * c, acc[i][c]);
+  }
+}
+
+// rows per register block of the value products: RB·NV accumulators and NV value registers within the 32
+template <int NV>
+constexpr int kValueRows = NV <= 4 ? 4 : (NV <= 5 ? 3 : (NV <= 8 ? 2 : 1));
+// from this many rows per pair the scores take the transposed form (its transpose is repaid over the rows)
+constexpr int64_t kTransposeRows = 12;
+
 // One step of pair ``p`` over ``nb`` ≤ kBlock kept rows ``idx`` of k/v (row strides ks, vs); ``s``: [R, kBlock]
-// scratch.
+// scratch; ``kt``: [NV·16, 16] scratch.
 template <int NV>
 inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, const float* __restrict v, int64_t ks,
-                      int64_t vs, const int32_t* __restrict idx, int64_t nb, float scale, float* __restrict s) {
+                      int64_t vs, const int32_t* __restrict idx, int64_t nb, float scale, float* __restrict s,
+                      float* __restrict kt) {
   constexpr int64_t d = NV * 16;
   const int64_t nv = (nb + 15) / 16 * 16;  // scores padded to whole registers with -inf
-  for (int64_t jj = 0; jj < nb; ++jj) {  // scores: each key row loaded once for the R rows
-    const float* kr = k + static_cast<int64_t>(idx[jj]) * ks;
-    __m512 kv[NV];
-    for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
-    for (int64_t r = 0; r < R; ++r) {
-      const float* qr = p.q + r * d;
-      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
-      for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), kv[c], acc);
-      s[r * kBlock + jj] = _mm512_reduce_add_ps(acc) * scale;
+  if (R >= kTransposeRows) {
+    for (int64_t j0 = 0; j0 < nb; j0 += 16) {  // 16 keys at a time, transposed (a short group repeats its last key)
+      const int64_t m = std::min<int64_t>(16, nb - j0);
+      for (int64_t t = 0; t < 16; ++t) {
+        const float* kr = k + static_cast<int64_t>(idx[j0 + std::min(t, m - 1)]) * ks;
+        for (int64_t x = 0; x < d; ++x) kt[16 * x + t] = kr[x];
+      }
+      int64_t r = 0;
+      for (; r + 4 <= R; r += 4) scores_transposed<NV, 4>(p.q, r, kt, scale, s + j0);
+      for (; r < R; ++r) scores_transposed<NV, 1>(p.q, r, kt, scale, s + j0);
+    }
+  } else {
+    for (int64_t jj = 0; jj < nb; ++jj) {  // each key row loaded once for the few rows, a horizontal sum per score
+      const float* kr = k + static_cast<int64_t>(idx[jj]) * ks;
+      __m512 kv[NV];
+      for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* qr = p.q + r * d;
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
+        for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), kv[c], acc);
+        s[r * kBlock + jj] = _mm512_reduce_add_ps(acc) * scale;
+      }
     }
   }
   for (int64_t r = 0; r < R; ++r) {  // online softmax over the step
@@ -96,17 +156,16 @@ inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, c
     }
     p.l[r] = p.l[r] * corr + _mm512_reduce_add_ps(sum);
     p.m[r] = m_new;
-    float* o = p.out + r * d;
-    const __m512 cv = _mm512_set1_ps(corr);
-    __m512 acc[NV];  // the row's output in registers across the step
-    for (int c = 0; c < NV; ++c) acc[c] = _mm512_mul_ps(_mm512_loadu_ps(o + 16 * c), cv);
-    for (int64_t jj = 0; jj < nb; ++jj) {
-      const __m512 e = _mm512_set1_ps(sr[jj]);
-      const float* vr = v + static_cast<int64_t>(idx[jj]) * vs;
-      for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+    if (corr != 1.0f) {
+      float* o = p.out + r * d;
+      const __m512 cv = _mm512_set1_ps(corr);
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o + 16 * c), cv));
     }
-    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
   }
+  constexpr int RB = kValueRows<NV>;
+  int64_t r = 0;
+  for (; r + RB <= R; r += RB) values_rows<NV, RB>(p.out, r, v, vs, idx, nb, s);
+  for (; r < R; ++r) values_rows<NV, 1>(p.out, r, v, vs, idx, nb, s);
 }
 
 template <int NV>
@@ -131,7 +190,7 @@ void run_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   std::vector<float> ms(H * B * R, kNegInf), ls(H * B * R, 0.0f);  // per row: running maximum, running sum
 #pragma omp parallel num_threads(std::min<int64_t>(threads, items))
   {
-    std::vector<float> sbuf(R * kBlock);
+    std::vector<float> sbuf(R * kBlock), kt(d * 16);
     std::vector<int64_t> cur(per_item);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
@@ -149,7 +208,7 @@ void run_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
             int64_t e = j;
             while (e < stop && e - j < kBlock && idx[e] < end) ++e;
             const Pair<NV> p{qp + pr * R * d, op + pr * R * d, ms.data() + pr * R, ls.data() + pr * R};
-            pair_step<NV>(p, R, kh, vh, ks1, vs1, idx + j, e - j, scale, sbuf.data());
+            pair_step<NV>(p, R, kh, vh, ks1, vs1, idx + j, e - j, scale, sbuf.data(), kt.data());
             j = e;
           }
           cur[b - b0] = j;
