@@ -1,5 +1,7 @@
 """The memory planner's arithmetic on hand-worked shapes, and its refusals."""
 
+from dataclasses import replace
+
 import pytest
 
 from kvroute.engine.plan import HEADROOM, MAX_BATCH, MemoryShape, check_instance, instance_bytes, plan_batch
@@ -15,14 +17,16 @@ def test_the_counts_are_the_tensors_they_name():
     T, q, new = 1000, 10, 5
     assert SHAPE.context_bytes(T) == 2 * 2 * 2 * 1000 * 8 * 4  # K and V, layers, KV heads, tokens, dims, float32
     per_cell = SHAPE.batch_cell_bytes(T, q, new, capture=True)
-    # keep mask, one byte per (layer, KV head, token); its additive form, 2; its kept positions, at most 4
-    assert per_cell == (2 * 2 * 1000 * (1 + 2 + 4)
+    assert per_cell == (2 * 2 * 1000 * (1 + 2)  # keep mask, one byte per (layer, KV head, token); its additive form, 2
                         + 2 * 2 * 2 * (10 + 2 * 5 + 1) * 8 * 4  # suffix K/V: question, answer and a draft
                         + 3 * 10 * 32 * 4  # hidden states of every layer (and the embeddings) kept
                         + 3 * 10 * 64 * 4  # MLP transient
                         + 6 * 100 * (4 + 8)  # logits of new + 1 positions and their float32 log-softmax
                         + 3 * 4 * 4 * 10 * (MIN_CHUNK + 10 + 10)  # attention rows at the smallest chunk
                         + 3 * 4 * 4 * (1000 + 10 + 10))  # the captured row being computed
+    # where the kept-entries kernel runs, each cell's kept positions too: at most T int32 per (layer, KV head)
+    kept = replace(SHAPE, kept_index=True).batch_cell_bytes(T, q, new, capture=True)
+    assert kept - per_cell == 2 * 2 * 1000 * 4
     assert SHAPE.kept_cell_bytes(T, q, new, capture=False) == 0
     assert SHAPE.kept_cell_bytes(T, q, new, capture=True, tracks=1) == 2 * 4 * 1010 * 4 + 3 * 32 * 4 + 5 * 2 * 4 * 4
     assert SHAPE.prefill_bytes(T, attention_map=True) - SHAPE.prefill_bytes(T) == 4 * 1000 * 1000 * 8
@@ -65,3 +69,16 @@ def test_the_shape_is_read_from_the_model():
 def test_no_cells_plan_a_batch_of_one():
     plan = plan_batch(SHAPE, T=100, q=5, new=2, cells=0, available=1 << 30, attention=1 << 20, capture=False)
     assert plan.batch == 1
+
+
+def test_the_shape_counts_the_kept_index_where_the_kernel_runs():
+    """MemoryShape.of marks a float32 CPU model with a head size the kept-entries kernel has when the CPU can run it,
+    and never a tiny head size or a bfloat16 model."""
+    import torch
+
+    from kvroute.engine.kept import kept_applies
+
+    assert not MemoryShape.of(tiny_model("llama").model).kept_index  # head_dim 16
+    big = tiny_model("llama", hidden=256, heads=4, kv_heads=2).model  # head_dim 64
+    assert MemoryShape.of(big).kept_index == kept_applies(torch.device("cpu"), torch.float32, 64)
+    assert not MemoryShape.of(big.to(torch.bfloat16)).kept_index

@@ -17,6 +17,9 @@ its gather included, took about 4× the one-shot time, and a few queries do not 
 (``benchmarks/attention_kernels.py``), so the masked attention gathers from :data:`GATHER_MIN_QUERIES` queries per
 cell up. Results agree with the one-shot form to float32 rounding (tests/unit/test_gather.py): the sums run over the
 kept entries in the same order, without the masked terms (exact zeros in the one-shot form).
+
+Where the kept-entries kernel runs (:mod:`kvroute.engine.kept`: a CPU with AVX-512 and a compiler, float32), it does
+the same without the gather, faster, and takes these forwards over; this form is its fallback.
 """
 
 from __future__ import annotations

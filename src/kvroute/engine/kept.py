@@ -35,10 +35,11 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "kept_attention.cpp"
 #: head sizes the kernel is instantiated for
 HEAD_DIMS = (64, 80, 96, 128, 256)
-#: the most query rows per (KV head, cell) (GQA group × queries per cell) for which the kernel runs: it reads each
-#: kept key once per (KV head, cell) and works through the rows one by one, so past about this many rows the gathered
-#: form's matrix products win (benchmarks/attention_kernels.py: at 8,192 tokens the kernel takes 38 against 83 ms a
-#: layer at 48 rows, 116 against 135 at 141, and 269 against 212 at 300)
+#: the most query rows per (KV head, cell) (GQA group × queries per cell) for which the kernel runs. It reads each
+#: kept key once per (KV head, cell) and blocks its products over the rows, so with many rows the gathered form's
+#: matrix products catch up: benchmarks/attention_kernels.py (SmolLM2's shapes, 27 cells) has it the fastest form at
+#: 512, 2,048 and 8,192 tokens up to 510 rows (at 8,192: 4.7 against 7.2 ms a layer for a decode step, 89 against
+#: 165 for 47 queries, 327 against 402 for 170), and level with the gathered form at 512 tokens and 510 rows
 KEPT_MAX_ROWS = 512
 #: ``KVROUTE_KEPT_KERNEL=0`` turns the kernel off (PyTorch's kernels then run everywhere)
 ENABLED = os.environ.get("KVROUTE_KEPT_KERNEL", "1") != "0"
@@ -101,6 +102,13 @@ def kernel() -> Any | None:
         return None
     finally:
         os.environ["PATH"] = path
+
+
+def kept_applies(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernel would run for a model on ``device`` in ``dtype`` with heads of ``head_dim`` (without building
+    it: the memory planner's question; a kernel that then fails to build only leaves memory unused)."""
+    return (ENABLED and device.type == "cpu" and dtype == torch.float32 and head_dim in HEAD_DIMS
+            and "avx512f" in _cpu_flags().split())
 
 
 def kept_available(query: torch.Tensor, rows: int) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvroute.engine.kept import kept_applies
 from kvroute.engine.streaming import MIN_CHUNK, ONE_SHOT_COPIES, one_shot_bytes
 from kvroute.errors import InsufficientMemoryError
 
@@ -41,6 +42,8 @@ class MemoryShape:
     intermediate: int
     vocab: int
     dtype_bytes: int
+    # the kept-entries kernel runs (kvroute.engine.kept): each cell's kept positions are held as an index per layer
+    kept_index: bool = False
 
     @classmethod
     def of(cls, model: Any) -> MemoryShape:
@@ -50,7 +53,7 @@ class MemoryShape:
         return cls(config.num_hidden_layers, config.num_attention_heads,
                    getattr(config, "num_key_value_heads", None) or config.num_attention_heads, head_dim,
                    config.hidden_size, getattr(config, "intermediate_size", 4 * config.hidden_size),
-                   config.vocab_size, param.element_size())
+                   config.vocab_size, param.element_size(), kept_applies(param.device, param.dtype, head_dim))
 
     def context_bytes(self, T: int) -> int:
         """The prefill's K/V of ``T`` context tokens, shared by every cell of the instance."""
@@ -71,9 +74,9 @@ class MemoryShape:
         rows (hidden states of every layer kept when ``capture``), the logits of ``new + 1`` positions, its
         attention rows at the smallest context chunk, and with ``capture`` the captured attention row of its last
         prompt token while it is computed."""
-        # bool; its additive form (two bytes, cached); its kept positions for the kept-entries kernel
+        # bool; its additive form (two bytes, cached); where the kept-entries kernel runs, its kept positions
         # (kvroute.engine.kept: int32, cached, at most T of them)
-        mask = self.layers * self.kv_heads * T * (1 + 2 + 4)
+        mask = self.layers * self.kv_heads * T * (1 + 2 + (4 if self.kept_index else 0))
         suffix = 2 * self.layers * self.kv_heads * (q + 2 * new + 1) * self.head_dim * self.dtype_bytes
         states = (self.layers + 1 if capture else 4) * q * self.hidden * self.dtype_bytes
         mlp = 3 * q * self.intermediate * self.dtype_bytes
