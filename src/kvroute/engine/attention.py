@@ -104,10 +104,16 @@ class MaskedContext:
         return index
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only the cells ``rows`` (ascending: the ones still decoding), their cached masks included."""
-        cached = [{layer: t.index_select(1, rows) for layer, t in c.items()} for c in (self._bias, self._empty)]
+        """Keep only the cells ``rows`` (ascending: the ones still decoding), their cached masks included. Each layer's
+        cached tensors are replaced one layer at a time, so the old and new caches are never both held whole."""
+        cached: list[dict[int, torch.Tensor]] = [{}, {}]
+        for old, new in zip((self._bias, self._empty), cached, strict=True):
+            for layer in list(old):
+                new[layer] = old.pop(layer).index_select(1, rows)
         heads, ascending = self.keep.shape[2], bool((rows[1:] > rows[:-1]).all())
-        index = {layer: select_index(o, i, heads, rows) for layer, (o, i) in self._index.items()} if ascending else {}
+        index: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for layer in list(self._index) if ascending else []:
+            index[layer] = select_index(*self._index.pop(layer), heads, rows)
         self.keep = self.keep.index_select(0, rows)
         self._bias, self._empty, self._index = *cached, index
         if self.suffix_keep is not None:
