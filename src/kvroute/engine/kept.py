@@ -45,6 +45,7 @@ KEPT_MAX_ROWS = 512
 ENABLED = os.environ.get("KVROUTE_KEPT_KERNEL", "1") != "0"
 
 
+@functools.cache
 def _cpu_flags() -> str:
     """The CPU's feature flags (Linux), '' where they cannot be read."""
     try:
@@ -55,6 +56,12 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return ""
+
+
+@functools.cache
+def _avx512() -> bool:
+    """Whether this CPU has AVX-512 (the kernel's instructions)."""
+    return "avx512f" in _cpu_flags().split()
 
 
 def _build_name(flags: str) -> str:
@@ -72,7 +79,7 @@ def kernel() -> Any | None:
     if not ENABLED:
         return None
     flags = _cpu_flags()
-    if "avx512f" not in flags.split():
+    if not _avx512():
         log.info("kept-entries attention kernel: this CPU has no AVX-512; PyTorch's kernels run")
         return None
     try:
@@ -107,15 +114,14 @@ def kernel() -> Any | None:
 def kept_applies(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the kernel would run for a model on ``device`` in ``dtype`` with heads of ``head_dim`` (without building
     it: the memory planner's question; a kernel that then fails to build only leaves memory unused)."""
-    return (ENABLED and device.type == "cpu" and dtype == torch.float32 and head_dim in HEAD_DIMS
-            and "avx512f" in _cpu_flags().split())
+    return ENABLED and device.type == "cpu" and dtype == torch.float32 and head_dim in HEAD_DIMS and _avx512()
 
 
 def kept_available(query: torch.Tensor, rows: int) -> bool:
     """Whether :func:`kept_context` runs for ``query`` (``[..., D]``) with ``rows`` query rows per (KV head, cell): on
     a CPU, float32, a head size in :data:`HEAD_DIMS`, at most :data:`KEPT_MAX_ROWS` rows, and the kernel built."""
-    return (ENABLED and query.device.type == "cpu" and query.dtype == torch.float32 and query.shape[-1] in HEAD_DIMS
-            and rows <= KEPT_MAX_ROWS and kernel() is not None)
+    return (rows <= KEPT_MAX_ROWS and kept_applies(query.device, query.dtype, query.shape[-1])
+            and kernel() is not None)
 
 
 def kept_index(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
