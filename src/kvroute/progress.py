@@ -129,9 +129,13 @@ class PlainTask:
             if description is not None:
                 self.description = description
             if completed is not None:  # a jump: not work done at this speed
+                jumped = float(completed) != self.completed
                 self.completed = float(completed)
                 self._rate_from = (self._now(), self.completed)
                 self._last_step = self._step_index()
+                if jumped and self.completed and self.total:  # (the start line counted the whole total)
+                    self._write(f"{self.description}: {_count(self.completed)}/{_count(self.total)} already done, "
+                                f"{_count(self.total - self.completed)} to do")
 
     # -- lines
     def _step_index(self) -> int:

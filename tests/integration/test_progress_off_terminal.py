@@ -78,6 +78,7 @@ def test_a_resumed_sweep_counts_stored_cells_without_a_rate_and_verbose_logs_sti
     run, _ = first_run
     log = sweep(config_path, run, tmp_path / "resumed.log", "-v", "--resume")
     assert f"sweep tiny: {total} cells: started, {total} to do" in log
+    assert f"sweep tiny: {total} cells: {total}/{total} already done, 0 to do" in log  # what is left, once counted
     assert not [line for line in log if LINE.match(line)]  # nothing computed: no rate, no ETA
     assert any(line.startswith(f"sweep tiny: {total} cells: done in") for line in log)
     assert any("already in the store" in line for line in log)  # -v logging still reaches the file

@@ -57,7 +57,8 @@ def test_work_found_done_moves_the_count_but_not_the_rate():
         t.update(completed=90)  # a resumed sweep: 90 cells already in the store
         clock.t += 10
         t.advance(2)
-    assert lines(out)[1] == "sweep: 92/100 (92%), 0.20 cells/s, elapsed 0:10, ETA 0:40"
+    assert lines(out)[:3] == ["sweep: started, 100 to do", "sweep: 90/100 already done, 10 to do",
+                              "sweep: 92/100 (92%), 0.20 cells/s, elapsed 0:10, ETA 0:40"]
 
 
 def test_slow_rates_per_minute_large_counts_shortened_and_indeterminate_stages():
