@@ -2,7 +2,9 @@
 
 The manifest is rewritten atomically (temp file + fsync + rename, :func:`kvroute.files.atomic_write`) at the start
 and the end of every session, so it is always valid JSON. A resumed run keeps its first ``started`` time and appends
-one entry per session to ``sessions`` (backend, times, cells computed, how it ended).
+one entry per session to ``sessions`` (backend, times, cells computed, how it ended, and ``arithmetic``: the CPU
+model, PyTorch's thread count and the GPUs, on which the last bits of the records depend; a session whose arithmetic
+differs from an earlier one's that computed cells logs a warning).
 
 A session killed with SIGKILL cannot record how it ended and stays ``"running"``; since one sweep at
 a time holds the run's lock, :func:`mark_stale` shows such a session as ``"interrupted"`` (with
@@ -12,6 +14,7 @@ a time holds the run's lock, :func:`mark_stale` shows such a session as ``"inter
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -23,6 +26,8 @@ from typing import Any
 
 from kvroute import __version__
 from kvroute.files import write_text
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -56,15 +61,36 @@ def git_info(path: Path | None = None) -> dict[str, Any] | None:
     return {"commit": commit, "dirty": dirty}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def device_info() -> dict[str, Any]:
     import torch
 
     cuda = torch.cuda.is_available()
     return {
-        "platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "cuda": cuda,
+        "platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "cuda": cuda,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
     }
+
+
+#: what a session's arithmetic depends on besides the code and the versions: PyTorch's CPU matrix products sum in an
+#: order set by the CPU and the number of threads, so records computed under another one can differ in the last bits,
+#: and a keep mask's selection at a near-tie can keep another entry (the demo at 1 and 2 threads: 3 of 3,648 cells)
+ARITHMETIC_KEYS = ("cpu", "torch_threads", "gpus")
+
+
+def _arithmetic(device: dict[str, Any]) -> dict[str, Any]:
+    return {k: device.get(k) for k in ARITHMETIC_KEYS}
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
@@ -132,14 +158,24 @@ def start_session(run_dir: str | Path, *, config: dict[str, Any], backend: str, 
     old = read_manifest(run_dir) or {}
     mark_stale(old, dead=True)  # the caller holds the lock: an earlier "running" session was killed
     sessions = list(old.get("sessions", []))
+    device = device_info()
+    here = _arithmetic(device)
+    earlier = [s.get("arithmetic") for s in sessions  # the sessions that computed cells (or may have: killed ones)
+               if isinstance(s, dict) and (s.get("cells_computed") or s.get("status") != "complete")]
+    if any(e and e != here for e in earlier):
+        changed = sorted({k for e in earlier if e for k in ARITHMETIC_KEYS if e.get(k) != here[k]})
+        log.warning("%s: this session runs with %s, earlier sessions computed cells with %s; records of the two can "
+                    "differ in the last float bits, and a keep mask at a near-tie can select another entry",
+                    run_dir, ", ".join(f"{k}={here[k]}" for k in changed),
+                    "; ".join(sorted({", ".join(f"{k}={e.get(k)}" for k in changed) for e in earlier if e})))
     sessions.append({"started": now(), "finished": None, "backend": backend, "status": "running",
                      "settings_hash": config.get("settings_hash"), "cells_computed": 0, "pid": os.getpid(),
-                     "argv": sys.argv[1:], **(extra or {})})
+                     "argv": sys.argv[1:], "arithmetic": here, **(extra or {})})
     data = {
         "kvroute_manifest": MANIFEST_VERSION, "name": config.get("name"), "status": "running",
         "started": old.get("started", sessions[-1]["started"]), "finished": None, "backend": backend,
         "grid": grid, "task_files": task_files, "versions": package_versions(), "git": git_info(),
-        "device": device_info(), "config": config, "sessions": sessions,
+        "device": device, "config": config, "sessions": sessions,
     }
     write_manifest(run_dir, data)
     return data
