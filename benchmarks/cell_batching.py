@@ -32,8 +32,7 @@ ratios = [0.1 + 0.8 * i / 15 for i in range(16)]
 cells = [Cell(p, round(r, 4)) for p in presses for r in ratios][:n_cells]
 eng = Engine(lm, DecodeSettings(max_new_tokens=16, batch_size=batch, capture=False))
 eng.run(prompt, cells[:2])
-base = status("VmRSS")
-reset_peak()
+base = baseline()
 times = []
 for _ in range(repeats):
     t0 = time.perf_counter(); res = eng.run(prompt, cells, decode_full=False); times.append(time.perf_counter() - t0)
@@ -70,7 +69,8 @@ def main() -> int:
         f"Environment: {environment()}",
         f"{args.cells} cells (4 presses × 16 ratios) on one `base` prompt of T={T} context tokens, max_new_tokens=16, "
         f"captures off. The context K/V cache of this prompt is {ctx_mb:.1f} MB: copying it per cell would add "
-        f"{ctx_mb:.1f} MB per cell in a batch.",
+        f"{ctx_mb:.1f} MB per cell in a batch. Peak memory growth: the process's peak RSS over its resident size after "
+        "a warm-up run, the heap's free pages handed back first (malloc_trim).",
         "",
         "| batch size | seconds for all cells (median, range) | cells/s | peak memory growth MB "
         "| per cell in the batch MB |",

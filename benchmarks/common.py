@@ -14,6 +14,18 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
+def cpu_name() -> str:
+    """The CPU's model name where /proc/cpuinfo gives one (timings differ between machines of the same kind: the
+    model says which ran a result), else the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {platform.machine()}"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> str:
     import torch
     import transformers
@@ -26,8 +38,7 @@ def environment() -> str:
         kvp = "?"
     from kvroute import __version__
 
-    cpu = platform.processor() or platform.machine()
-    return (f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__} "
+    return (f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores ({cpu_name()}), torch {torch.__version__} "
             f"({torch.get_num_threads()} threads), transformers {transformers.__version__}, kvpress {kvp}, "
             f"kvroute {__version__}, Python {platform.python_version()}")
 
@@ -39,9 +50,11 @@ def median_spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f}, n={len(xs)})"
 
 
-def run_child(code: str, *args: str, timeout: float = 3600) -> dict:
-    """Run ``code`` in a fresh Python; it must print one JSON line last. Adds ``peak_rss_mb`` of the child."""
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+def run_child(code: str, *args: str, timeout: float = 3600, env: dict[str, str] | None = None) -> dict:
+    """Run ``code`` in a fresh Python (``env``: variables set for it on top of this process's); it must print one
+    JSON line last."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
     if proc.returncode != 0:
         raise RuntimeError(f"child failed: {proc.stderr[-2000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -56,7 +69,20 @@ def write(name: str, lines: list[str]) -> Path:
 
 
 #: the memory probe of the benchmarks' child processes (prepend it to a child's code): ``status("VmRSS")`` /
-#: ``status("VmHWM")`` in MB from /proc/self/status, and ``reset_peak()`` to restart the peak (VmHWM) count
+#: ``status("VmHWM")`` in MB from /proc/self/status, ``reset_peak()`` to restart the peak (VmHWM) count, and
+#: ``baseline()``: hand the heap's free pages back to the system (glibc's malloc_trim), then read the resident size and
+#: restart the peak count. Without the trim, memory the allocator kept from earlier work (the prefill) is resident but
+#: free, the measured code reuses it without growing the RSS, and its peak reads low by as much
+#: (tests/unit/test_memory_probe.py: 0.7 MB read for 96 MB allocated).
+#: the environment of a child that measures peaks only (no timings): glibc's mmap threshold fixed at its default
+#: 128 KB. Left to itself glibc raises the threshold after a large block is freed, so later tensors of up to 32 MB
+#: come from the heap, whose freed fragments stay resident: the peak RSS then depends on the order of allocations
+#: (attention_memory's 64-cell decode at 2,048 tokens read 330, 394 and 514 MB in three runs of the same code; with
+#: the threshold fixed, 289, 288 and 289 MB). Every block of 128 KB or more is then mapped and returned when freed, so
+#: the peak follows the live tensors; it costs time (a mapping and its page faults per block), hence not for
+#: children that also time.
+PEAK_ONLY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+
 MEMORY_PROBE = r"""
 def status(key):
     for line in open("/proc/self/status"):
@@ -65,6 +91,17 @@ def status(key):
 
 def reset_peak():
     open("/proc/self/clear_refs", "w").write("5")
+
+def baseline():
+    import ctypes, gc
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    base = status("VmRSS")
+    reset_peak()
+    return base
 """
 
 

@@ -1,9 +1,10 @@
 """Prefill with kvroute's score capture vs a plain transformers prefill, from 512 to 8,192 tokens.
 
 Each (length, configuration) runs in a fresh process: load the model, warm up, reset the peak-RSS
-counter (/proc/self/clear_refs), then time `repeats` prefills and read the peak RSS (VmHWM). The
-plain side is what kvpress's pipeline runs before compressing (`model.model(ids, cache)`, sdpa);
-kvroute's side is `kvroute.engine.prefill` with the listed scorers captured in the same pass.
+counter (/proc/self/clear_refs; the heap's free pages handed back first, malloc_trim), then time `repeats`
+prefills and read the peak RSS (VmHWM). The plain side is what kvpress's pipeline runs before compressing
+(`model.model(ids, cache)`, sdpa); kvroute's side is `kvroute.engine.prefill` with the listed scorers captured
+in the same pass.
 
     python benchmarks/context_scaling.py [--model smollm2-135m] [--lengths 512 1024 2048 4096 8192]
 """
@@ -59,8 +60,7 @@ def once(x):
     prefill(lm.model, x, requests(), captures=caps)
 
 once(ids(128))  # longer than SnapKV's 64-token window
-base = status("VmRSS")
-reset_peak()
+base = baseline()
 x = ids(n)
 times = []
 for _ in range(repeats):
@@ -96,7 +96,8 @@ def main() -> int:
         f"Environment: {environment()}",
         f"`capture` = one prefill that also scores {', '.join(LINEAR)} (every linear-memory scorer at once); "
         "`capture+routes` adds the evidence rollout used by routed reachability; `observed_attention` needs the "
-        "N×N map. Peak = growth of the process's peak RSS over its resident size after loading the model.",
+        "N×N map. Peak = growth of the process's peak RSS over its resident size after loading the model and a warm-up "
+        "(the heap's free pages handed back first, malloc_trim).",
         "",
         "| tokens | plain s | capture s | overhead | capture+routes s | overhead | plain peak MB | capture peak MB "
         "| +routes peak MB | observed_attention s / peak MB |",

@@ -24,13 +24,13 @@ kvroute's own). Random scorers are seeded per (seed, layer) on both sides.
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from common import cpu_name
 
 from kvroute.engine import Cell, DecodeSettings, Engine
 from kvroute.engine.check import Agreement, compare_prompt
@@ -129,7 +129,7 @@ def main() -> int:
             f"--max-new-tokens {args.max_new_tokens} --tokens {args.tokens}"
             + ("" if args.device == "cpu" else f" --device {args.device}")
             + ("" if args.dtype == "float32" else f" --dtype {args.dtype}") + "`",
-            f"Machine: {platform.machine()}, {device_text(lm)}, torch {torch.__version__}; "
+            f"Machine: {cpu_name()}, {device_text(lm)}, torch {torch.__version__}; "
             f"date {time.strftime('%Y-%m-%d')}.",
             f"Model: {lm.name} ({args.dtype}). Instances: {done} "
             f"({', '.join(dict.fromkeys(t.family for t in tasks[:done]))}; ~{args.tokens}-token contexts), "
