@@ -5,8 +5,9 @@ PyTorch's default float32 CPU path (BLAS ``sgemm``) runs far below its large-mat
 matmul (``torch.ops.mkldnn._linear_pointwise``, the kernel PyTorch's own CPU compiler emits for linear
 layers) reads the same dense weights, no copy; on the 2-core AMD EPYC measured here it was 1.0–2.0× faster
 at 1–64 rows (by weight shape), 1.5–2.3× for the unembedding, and a 27-cell decode at 2k context tokens
-ran 1.15× faster (``benchmarks/linear_backend.py`` times both side by side; the default BLAS is tuned per
-CPU vendor, so rerun it on yours).
+ran 1.15× faster; on a 2-core Intel Xeon of the same kind the default BLAS was faster at most decode sizes and the
+same decode ran 0.95× (``benchmarks/linear_backend.py`` times both side by side; the default BLAS is tuned per
+CPU vendor, so rerun it on yours, and ``KVROUTE_ONEDNN_LINEAR=0`` where it loses).
 
 Results are equal to float32 rounding, not bit for bit: the two libraries sum in different orders (as
 BLAS itself does between one row and many), so a near-tie between two next tokens could in principle
