@@ -68,12 +68,6 @@ def write(name: str, lines: list[str]) -> Path:
     return p
 
 
-#: the memory probe of the benchmarks' child processes (prepend it to a child's code): ``status("VmRSS")`` /
-#: ``status("VmHWM")`` in MB from /proc/self/status, ``reset_peak()`` to restart the peak (VmHWM) count, and
-#: ``baseline()``: hand the heap's free pages back to the system (glibc's malloc_trim), then read the resident size and
-#: restart the peak count. Without the trim, memory the allocator kept from earlier work (the prefill) is resident but
-#: free, the measured code reuses it without growing the RSS, and its peak reads low by as much
-#: (tests/unit/test_memory_probe.py: 0.7 MB read for 96 MB allocated).
 #: the environment of a child that measures peaks only (no timings): glibc's mmap threshold fixed at its default
 #: 128 KB. Left to itself glibc raises the threshold after a large block is freed, so later tensors of up to 32 MB
 #: come from the heap, whose freed fragments stay resident: the peak RSS then depends on the order of allocations
@@ -83,6 +77,13 @@ def write(name: str, lines: list[str]) -> Path:
 #: children that also time.
 PEAK_ONLY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
+
+#: the memory probe of the benchmarks' child processes (prepend it to a child's code): ``status("VmRSS")`` /
+#: ``status("VmHWM")`` in MB from /proc/self/status, ``reset_peak()`` to restart the peak (VmHWM) count, and
+#: ``baseline()``: hand the heap's free pages back to the system (glibc's malloc_trim), then read the resident size and
+#: restart the peak count. Without the trim, memory the allocator kept from earlier work (the prefill) is resident but
+#: free, the measured code reuses it without growing the RSS, and its peak reads low by as much
+#: (tests/unit/test_memory_probe.py: 0.7 MB read for 96 MB allocated).
 MEMORY_PROBE = r"""
 def status(key):
     for line in open("/proc/self/status"):
