@@ -15,15 +15,12 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def cpu_name() -> str:
-    """The CPU's model name where /proc/cpuinfo gives one (timings differ between machines of the same kind: the
-    model says which ran a result), else the architecture."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {platform.machine()}"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name with the architecture (timings differ between machines of the same kind: the model says
+    which ran a result), as a run's manifest records it (:func:`kvroute.sweep.manifest.cpu_model`)."""
+    from kvroute.sweep.manifest import cpu_model
+
+    model, machine = cpu_model(), platform.machine()
+    return model if model == machine else f"{model}, {machine}"
 
 
 def environment() -> str:
