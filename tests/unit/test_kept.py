@@ -72,6 +72,46 @@ def test_kernel_equals_the_explicit_masked_attention(kernel, monkeypatch, B, Hkv
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("q", [1, 6])
+def test_kernel_sees_only_the_suffix_slots_a_cell_owns(kernel, monkeypatch, q):
+    """With ``suffix_keep`` (the draft tokens a cell rejected are not its own), the kernel's suffix part skips the slots
+    a cell does not own, as the explicit form masks them."""
+    B, Hkv, G, s, T, D = 4, 3, 3, 9, 700, 64
+    k_ctx, v_ctx, keep, query, key, value = _inputs(B, Hkv, G, q, s, T, D, seed=5)
+    own = torch.ones(B, s + 3, dtype=torch.bool)
+    own[1, :2] = False  # the first slots of cell 1
+    own[2, 3:5] = False
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(kept, "ENABLED", on)
+        outs[on] = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, gather_from=None, suffix_keep=own), query,
+                                  key, value)
+    torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=0)
+    monkeypatch.setattr(kept, "ENABLED", True)
+    everything = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, gather_from=None), query, key, value)
+    assert not torch.allclose(everything[1], outs[True][1]) and torch.equal(everything[0], outs[True][0])
+
+
+def test_kernel_results_do_not_depend_on_the_thread_count(kernel):
+    """Work is split into fixed context chunks, not per thread: one thread and two give the same bits."""
+    B, Hkv, R, T, D = 9, 3, 3, 2100, 64
+    g = torch.Generator().manual_seed(8)
+    k_ctx, v_ctx = torch.randn(Hkv, T, D, generator=g), torch.randn(Hkv, T, D, generator=g)
+    keep = torch.rand(Hkv, B, T, generator=g) >= 0.4
+    qg = torch.randn(B, Hkv, R, D, generator=g)
+    key, value = torch.randn(B, Hkv, 7, D, generator=g), torch.randn(B, Hkv, 7, D, generator=g)
+    offsets, index = kept_index(keep)
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            runs.append(kept_context(qg, k_ctx, v_ctx, offsets, index, scale=0.125, key=key, value=value))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
 @pytest.mark.parametrize("share", [0.0, 0.5, 0.97, 1.0])
 def test_kernel_output_and_log_sum_exp_against_a_dense_reference(kernel, share):
     B, Hkv, R, T, D = 6, 2, 3, 530, 64

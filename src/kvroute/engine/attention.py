@@ -175,9 +175,8 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
                                                    scale=scale, own=own), i)
     if kept:
         offsets, index = ctx.context_index(layer)
-        o, lse = kept_context(qg, k_ctx, v_ctx, offsets, index, scale=scale)  # [Hkv, B, G·q, D], [Hkv, B, G·q]
-        out = with_suffix(o, lse, ctx.context_empty(layer), suffix_scores(qg, key, q, scale, own),
-                          value.transpose(0, 1), qg.dtype)
+        # context and suffix in one online softmax: [Hkv, B, G·q, D]
+        out, _ = kept_context(qg, k_ctx, v_ctx, offsets, index, scale=scale, key=key, value=value, q=q, own=own)
     elif gather:
         out = gathered_context_attention(qg, k_ctx, v_ctx, keep, key, value, q=q, scale=scale, own=own,
                                          budget=limit)  # [Hkv, B, G·q, D]

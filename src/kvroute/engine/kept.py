@@ -5,10 +5,12 @@ additive bias, multiplies the queries with all T keys and drops the masked score
 work, and most of a long-context decode step. A pruned cache (kvpress's) pays for its kept entries only. This kernel
 does the same from the shared context: per (KV head, cell) it reads the kept positions from a CSR list
 (:func:`kept_index`, built once per layer of a batch and sliced when cells leave it) and runs an online softmax over
-them, walking the context in spans whose keys and values the cells of a work item share in cache. It returns the
-context part of the attention and each row's log-sum-exp, which :func:`kvroute.engine.streaming.with_suffix` joins
-with the cells' own suffix, as for PyTorch's fused kernel; it needs no transient tensor beyond its output, so it
-also replaces the gathered and chunked forms where it applies (:data:`KEPT_MAX_ROWS`).
+them, walking the context in spans whose keys and values the cells of a work item share in cache, and then goes on
+over the cells' own suffix (their question and answer so far, causal) in the same online softmax, so that a forward's
+attention is one call (joining the suffix in PyTorch, :func:`kvroute.engine.streaming.with_suffix`, took a third
+of a decode step's attention time: small tensor operations, each paid per layer and step). It needs no transient
+tensor beyond its output, so it also replaces the gathered and chunked forms where it applies
+(:data:`KEPT_MAX_ROWS`).
 
 The kernel is C++ with AVX-512 intrinsics, float32 only, built once per machine at first use through
 ``torch.utils.cpp_extension`` (a C++ compiler and ninja; ``ninja`` is a dependency) into PyTorch's extension cache.
@@ -150,12 +152,20 @@ def select_index(offsets: torch.Tensor, index: torch.Tensor, heads: int, rows: t
 
 
 def kept_context(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, offsets: torch.Tensor,
-                 index: torch.Tensor, *, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 index: torch.Tensor, *, scale: float, key: torch.Tensor | None = None,
+                 value: torch.Tensor | None = None, q: int = 1,
+                 own: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``qg`` ``[B, Hkv, R, D]`` over each (KV head, cell)'s kept rows of ``k_ctx``/``v_ctx``
     ``[Hkv, T, D]`` (CSR ``offsets``/``index``, :func:`kept_index`): the output ``[Hkv, B, R, D]`` and each row's
     log-sum-exp ``[Hkv, B, R]`` (output 0 and log-sum-exp −inf where a pair keeps nothing), for
-    :func:`kvroute.engine.streaming.with_suffix`. Check :func:`kept_available` first."""
+    :func:`kvroute.engine.streaming.with_suffix`. Check :func:`kept_available` first.
+
+    With the cells' own suffix ``key``/``value`` ``[B, Hkv, s, D]`` (the queries its last ``q`` positions, rows of
+    ``qg`` in (group head, query) order) and ``own`` (bool ``[B, s]``, the slots each cell may see; None: all), the
+    same online softmax goes on over the suffix, causally, in the kernel: the output is then the whole attention,
+    the log-sum-exp its joint normaliser, and nothing is left for ``with_suffix``."""
     mod = kernel()
     assert mod is not None
-    out, lse = mod.kept_attention(qg.transpose(0, 1).contiguous(), k_ctx, v_ctx, offsets, index, float(scale))
+    out, lse = mod.kept_attention(qg.transpose(0, 1).contiguous(), k_ctx, v_ctx, offsets, index, float(scale), key,
+                                  value, own, q)
     return out, lse

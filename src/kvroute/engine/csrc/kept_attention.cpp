@@ -7,9 +7,10 @@
 // step, with an online softmax over blocks of kept entries. Work items are (KV head, a run of cells) walking the
 // context in spans, so a span's keys and values stay in cache for the run's cells. Scores of a few rows are dot
 // products (a horizontal sum each); of many rows, products with 16 keys held transposed; value products are blocked
-// over rows. It returns the context part of the attention and each row's log-sum-exp, which
-// kvroute.engine.streaming.with_suffix joins with the cells' own suffix, as it does for PyTorch's fused kernel.
-// float32 in, float32 out; accumulation in float32.
+// over rows. Given the cells' own suffix (their question and answer so far), the online softmax goes on over it,
+// causally, and the output is the whole attention; without it, the output is the context part and each row's
+// log-sum-exp, which kvroute.engine.streaming.with_suffix joins with the suffix as it does for PyTorch's fused
+// kernel. float32 in, float32 out; accumulation in float32.
 #include <torch/extension.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -82,26 +83,96 @@ inline void scores_transposed(const float* __restrict q, int64_t r0, const float
 }
 
 // out rows [r0, r0 + RB) += their probabilities in ``s`` times the nb value rows ``idx``: each value row loaded
-// once for the RB rows, whose outputs stay in registers across the step.
+// once for the RB rows, whose outputs stay in registers across the step. With few accumulators (RB·NV ≤ 8) two
+// sets take alternate value rows, so that consecutive products do not wait on each other's sums.
 template <int NV, int RB>
 inline void values_rows(float* __restrict out, int64_t r0, const float* __restrict v, int64_t vs,
                         const int32_t* __restrict idx, int64_t nb, const float* __restrict s) {
   constexpr int64_t d = NV * 16;
-  __m512 acc[RB][NV];
+  constexpr int U = RB * NV <= 8 ? 2 : 1;
+  __m512 acc[U][RB][NV];
   for (int i = 0; i < RB; ++i) {
-    for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_loadu_ps(out + (r0 + i) * d + 16 * c);
+    for (int c = 0; c < NV; ++c) {
+      acc[0][i][c] = _mm512_loadu_ps(out + (r0 + i) * d + 16 * c);
+      for (int u = 1; u < U; ++u) acc[u][i][c] = _mm512_setzero_ps();
+    }
   }
-  for (int64_t jj = 0; jj < nb; ++jj) {
+  int64_t jj = 0;
+  for (; jj + U <= nb; jj += U) {
+    for (int u = 0; u < U; ++u) {
+      const float* vr = v + static_cast<int64_t>(idx[jj + u]) * vs;
+      __m512 vv[NV];
+      for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+      for (int i = 0; i < RB; ++i) {
+        const __m512 e = _mm512_set1_ps(s[(r0 + i) * kBlock + jj + u]);
+        for (int c = 0; c < NV; ++c) acc[u][i][c] = _mm512_fmadd_ps(e, vv[c], acc[u][i][c]);
+      }
+    }
+  }
+  for (; jj < nb; ++jj) {
     const float* vr = v + static_cast<int64_t>(idx[jj]) * vs;
-    __m512 vv[NV];
-    for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
     for (int i = 0; i < RB; ++i) {
       const __m512 e = _mm512_set1_ps(s[(r0 + i) * kBlock + jj]);
-      for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_fmadd_ps(e, vv[c], acc[i][c]);
+      for (int c = 0; c < NV; ++c) acc[0][i][c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * c), acc[0][i][c]);
     }
   }
   for (int i = 0; i < RB; ++i) {
-    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + (r0 + i) * d + 16 * c, acc[i][c]);
+    for (int c = 0; c < NV; ++c) {
+      __m512 t = acc[0][i][c];
+      for (int u = 1; u < U; ++u) t = _mm512_add_ps(t, acc[u][i][c]);
+      _mm512_storeu_ps(out + (r0 + i) * d + 16 * c, t);
+    }
+  }
+}
+
+// the value products of rows [r0, r0 + n) for n < RB (the rows left after whole register blocks), as one block
+template <int NV, int RB>
+inline void values_tail(float* __restrict out, int64_t r0, int64_t n, const float* __restrict v, int64_t vs,
+                        const int32_t* __restrict idx, int64_t nb, const float* __restrict s) {
+  if constexpr (RB > 1) {
+    if (n == RB - 1) {
+      values_rows<NV, RB - 1>(out, r0, v, vs, idx, nb, s);
+    } else if (n > 0) {
+      values_tail<NV, RB - 1>(out, r0, n, v, vs, idx, nb, s);
+    }
+  }
+}
+
+// lane j of the result: the sum of the 16 lanes of a[j] (the horizontal sums of 16 registers at once, 30 shuffles in
+// place of 16 full reductions)
+inline __m512 hsum16(const __m512* a) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i) {  // 128-bit lane k of b[i]: a[2i] and a[2i + 1], two partial sums each, interleaved
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit lane k of c[i]: the lane-k partial sums of a[4i] … a[4i + 3], in order
+    const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+    const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+  }
+  // across the four 128-bit lanes: pairs of lanes, then pairs of pairs
+  const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+}
+
+// Scores of every row against 16 keys ``kr`` (a short group repeats its last key): per row, one register of partial
+// sums per key, reduced together by hsum16 (the form for a few rows per pair: no transpose to repay)
+template <int NV>
+inline void scores_rows16(const float* __restrict q, int64_t R, const float* const* kr, float scale,
+                          float* __restrict s) {
+  constexpr int64_t d = NV * 16;
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = q + r * d;
+    __m512 qv[NV];
+    for (int c = 0; c < NV; ++c) qv[c] = _mm512_loadu_ps(qr + 16 * c);
+    __m512 acc[16];
+    for (int t = 0; t < 16; ++t) {
+      acc[t] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr[t]));
+      for (int c = 1; c < NV; ++c) acc[t] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr[t] + 16 * c), acc[t]);
+    }
+    _mm512_storeu_ps(s + r * kBlock, _mm512_mul_ps(hsum16(acc), sc));
   }
 }
 
@@ -116,7 +187,7 @@ constexpr int64_t kTransposeRows = 12;
 template <int NV>
 inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, const float* __restrict v, int64_t ks,
                       int64_t vs, const int32_t* __restrict idx, int64_t nb, float scale, float* __restrict s,
-                      float* __restrict kt) {
+                      float* __restrict kt, int64_t causal_q = 0, int64_t causal_last = 0) {
   constexpr int64_t d = NV * 16;
   const int64_t nv = (nb + 15) / 16 * 16;  // scores padded to whole registers with -inf
   if (R >= kTransposeRows) {
@@ -131,21 +202,22 @@ inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, c
       for (; r < R; ++r) scores_transposed<NV, 1>(p.q, r, kt, scale, s + j0);
     }
   } else {
-    for (int64_t jj = 0; jj < nb; ++jj) {  // each key row loaded once for the few rows, a horizontal sum per score
-      const float* kr = k + static_cast<int64_t>(idx[jj]) * ks;
-      __m512 kv[NV];
-      for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
-      for (int64_t r = 0; r < R; ++r) {
-        const float* qr = p.q + r * d;
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
-        for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), kv[c], acc);
-        s[r * kBlock + jj] = _mm512_reduce_add_ps(acc) * scale;
-      }
+    const float* kr[16];
+    for (int64_t j0 = 0; j0 < nb; j0 += 16) {  // 16 keys at a time, their sums reduced together
+      const int64_t m = std::min<int64_t>(16, nb - j0);
+      for (int64_t t = 0; t < 16; ++t) kr[t] = k + static_cast<int64_t>(idx[j0 + std::min(t, m - 1)]) * ks;
+      scores_rows16<NV>(p.q, R, kr, scale, s + j0);
     }
   }
   for (int64_t r = 0; r < R; ++r) {  // online softmax over the step
     float* sr = s + r * kBlock;
     for (int64_t jj = nb; jj < nv; ++jj) sr[jj] = kNegInf;
+    if (causal_q > 1) {  // suffix entries after the row's own query position (row r is query r % causal_q)
+      const int32_t last = static_cast<int32_t>(causal_last + r % causal_q);
+      for (int64_t jj = 0; jj < nb; ++jj) {
+        if (idx[jj] > last) sr[jj] = kNegInf;
+      }
+    }
     __m512 mx = _mm512_set1_ps(kNegInf);
     for (int64_t jj = 0; jj < nv; jj += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + jj));
     const float m_new = std::max(p.m[r], _mm512_reduce_max_ps(mx));
@@ -168,12 +240,30 @@ inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, c
   constexpr int RB = kValueRows<NV>;
   int64_t r = 0;
   for (; r + RB <= R; r += RB) values_rows<NV, RB>(p.out, r, v, vs, idx, nb, s);
-  for (; r < R; ++r) values_rows<NV, 1>(p.out, r, v, vs, idx, nb, s);
+  values_tail<NV, RB>(p.out, r, R - r, v, vs, idx, nb, s);
 }
+
+// The cells' own suffix, attended after the context when given: keys and values [B, H, s, D] (any strides but the
+// last), the queries the last ``q`` of its s positions (causal), ``own`` bool [B, s] (nullptr: every slot is the
+// cell's) the slots each cell may see.
+struct Suffix {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t kb = 0, kh = 0, kr = 0, vb = 0, vh = 0, vr = 0;
+  int64_t s = 0, q = 1;
+  const bool* own = nullptr;
+  int64_t own_stride = 0;
+};
+
+// context positions per work item of the few-rows form (run_all): a fixed number, so that the order of the sums,
+// and so the rounding, does not depend on the thread count
+constexpr int64_t kChunk = 512;
+// at most this many context chunks per KV head (a longer context takes longer chunks)
+constexpr int64_t kMaxChunks = 64;
 
 template <int NV>
 void run_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const int64_t* offsets,
-             const int32_t* idx, float scale, torch::Tensor& out, torch::Tensor& lse) {
+             const int32_t* idx, float scale, const Suffix& suf, torch::Tensor& out, torch::Tensor& lse) {
   constexpr int64_t d = NV * 16;
   const int64_t H = q.size(0), B = q.size(1), R = q.size(2), T = k.size(1);
   const float* qp = q.data_ptr<float>();
@@ -183,52 +273,102 @@ void run_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   float* lp = lse.data_ptr<float>();
   const int64_t ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1);
   out.zero_();
-  // work items: (KV head, a run of cells); an item walks its head's context in spans of kSpan positions and steps
-  // every cell of the run through its kept entries in the span, so the span's keys and values stay in the core's
-  // cache for all of them
+  // Work items walk a KV head's context in spans of kSpan positions and step every cell of the item through its kept
+  // entries in the span, so that the span's keys and values stay in the core's cache for all of them. With many rows
+  // per pair (a question forward) an item is (KV head, a run of cells) over the whole context: the rows repay each
+  // key read. With few (a decode step) an item is (KV head, a chunk of the context) with every cell of the batch, so
+  // that each key and value is fetched into cache once per forward; the chunks' partial softmax states are merged
+  // after.
   const int threads = std::max(1, at::get_num_threads());
-  const int64_t per_item = std::max<int64_t>(1, std::min<int64_t>(kRun, (H * B + 2 * threads - 1) / (2 * threads)));
+  const bool few = R < kTransposeRows;
+  const int64_t per_item =
+      few ? std::max<int64_t>(B, 1)
+          : std::max<int64_t>(1, std::min<int64_t>(kRun, (H * B + 2 * threads - 1) / (2 * threads)));
   const int64_t runs = (B + per_item - 1) / per_item;
-  const int64_t items = H * runs;
-  std::vector<float> ms(H * B * R, kNegInf), ls(H * B * R, 0.0f);  // per row: running maximum, running sum
-#pragma omp parallel num_threads(std::min<int64_t>(threads, items))
+  const int64_t chunk = few ? std::max(kChunk, (T + kMaxChunks - 1) / kMaxChunks) : std::max<int64_t>(T, 1);
+  const int64_t C = std::max<int64_t>(1, (T + chunk - 1) / chunk);
+  const int64_t items = H * runs * C, pairs = H * B;
+  // per chunk and row: running maximum and sum; chunk 0's outputs go to ``out``, the others' to ``rest``
+  std::vector<float> ms(C * pairs * R, kNegInf), ls(C * pairs * R, 0.0f), rest((C - 1) * pairs * R * d, 0.0f);
+  auto state = [&](int64_t c, int64_t pr) {
+    return Pair<NV>{qp + pr * R * d, c == 0 ? op + pr * R * d : rest.data() + ((c - 1) * pairs + pr) * R * d,
+                    ms.data() + (c * pairs + pr) * R, ls.data() + (c * pairs + pr) * R};
+  };
+#pragma omp parallel num_threads(std::min<int64_t>(threads, std::max(items, pairs)))
   {
     std::vector<float> sbuf(R * kBlock), kt(d * 16);
     std::vector<int64_t> cur(per_item);
+    std::vector<int32_t> seen(suf.s);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      const int64_t h = it / runs, b0 = (it % runs) * per_item, b1 = std::min(B, b0 + per_item);
+      const int64_t h = it / (runs * C), run = it % (runs * C) / C, c = it % C;
+      const int64_t b0 = run * per_item, b1 = std::min(B, b0 + per_item);
+      const int64_t a0 = c * chunk, a1 = std::min(T, a0 + chunk);
       const float* kh = kp + h * ks0;
       const float* vh = vp + h * vs0;
-      for (int64_t b = b0; b < b1; ++b) cur[b - b0] = offsets[h * B + b];
-      for (int64_t a = 0; a < T; a += kSpan) {
-        const int32_t end = static_cast<int32_t>(std::min(T, a + kSpan));
+      for (int64_t b = b0; b < b1; ++b) {  // each cell's first kept entry in the chunk
+        const int64_t pr = h * B + b;
+        cur[b - b0] = std::lower_bound(idx + offsets[pr], idx + offsets[pr + 1], static_cast<int32_t>(a0)) - idx;
+      }
+      for (int64_t a = a0; a < a1; a += kSpan) {
+        const int32_t end = static_cast<int32_t>(std::min(a1, a + kSpan));
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t pr = h * B + b;
           int64_t j = cur[b - b0];
           const int64_t stop = offsets[pr + 1];
+          const Pair<NV> p = state(c, pr);
           while (j < stop && idx[j] < end) {
             int64_t e = j;
             while (e < stop && e - j < kBlock && idx[e] < end) ++e;
-            const Pair<NV> p{qp + pr * R * d, op + pr * R * d, ms.data() + pr * R, ls.data() + pr * R};
             pair_step<NV>(p, R, kh, vh, ks1, vs1, idx + j, e - j, scale, sbuf.data(), kt.data());
             j = e;
           }
           cur[b - b0] = j;
         }
       }
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t pr = h * B + b;
+    }
+    // per pair: the chunks' states merged into chunk 0's, the cell's own suffix (causal), the normalisation
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t pr = 0; pr < pairs; ++pr) {
+      const int64_t h = pr / B, b = pr % B;
+      const Pair<NV> p = state(0, pr);
+      for (int64_t c = 1; c < C; ++c) {
+        const Pair<NV> pc = state(c, pr);
         for (int64_t r = 0; r < R; ++r) {
-          const float mr = ms[pr * R + r], lr = ls[pr * R + r];
-          float* o = op + (pr * R + r) * d;
-          if (lr > 0.0f) {
-            const __m512 inv = _mm512_set1_ps(1.0f / lr);
-            for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o + 16 * c), inv));
-            lp[pr * R + r] = mr + std::log(lr);
-          } else {
-            lp[pr * R + r] = kNegInf;
+          if (pc.m[r] == kNegInf) continue;  // the chunk kept nothing of this pair
+          const float m_new = std::max(p.m[r], pc.m[r]);
+          const float w0 = p.m[r] == kNegInf ? 0.0f : exp1(p.m[r] - m_new), wc = exp1(pc.m[r] - m_new);
+          const __m512 w0v = _mm512_set1_ps(w0), wcv = _mm512_set1_ps(wc);
+          float* o = p.out + r * d;
+          const float* oc = pc.out + r * d;
+          for (int x = 0; x < NV; ++x) {
+            _mm512_storeu_ps(o + 16 * x, _mm512_fmadd_ps(_mm512_loadu_ps(oc + 16 * x), wcv,
+                                                         _mm512_mul_ps(_mm512_loadu_ps(o + 16 * x), w0v)));
           }
+          p.l[r] = p.l[r] * w0 + pc.l[r] * wc;
+          p.m[r] = m_new;
+        }
+      }
+      if (suf.k != nullptr) {
+        int64_t n = 0;
+        for (int64_t j = 0; j < suf.s; ++j) {
+          if (suf.own == nullptr || suf.own[b * suf.own_stride + j]) seen[n++] = static_cast<int32_t>(j);
+        }
+        for (int64_t j = 0; j < n; j += kBlock) {
+          pair_step<NV>(p, R, suf.k + b * suf.kb + h * suf.kh, suf.v + b * suf.vb + h * suf.vh, suf.kr, suf.vr,
+                        seen.data() + j, std::min<int64_t>(kBlock, n - j), scale, sbuf.data(), kt.data(), suf.q,
+                        suf.s - suf.q);
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const float mr = p.m[r], lr = p.l[r];
+        float* o = p.out + r * d;
+        if (lr > 0.0f) {
+          const __m512 inv = _mm512_set1_ps(1.0f / lr);
+          for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o + 16 * c), inv));
+          lp[pr * R + r] = mr + std::log(lr);
+        } else {
+          lp[pr * R + r] = kNegInf;
         }
       }
     }
@@ -240,8 +380,13 @@ void run_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
 // q [H, B, R, D] float32; k, v [H, T, D] float32 (last dim contiguous); offsets int64 [H*B + 1] into idx (int32, the
 // kept positions of pair h*B + b in ascending order). Returns (out [H, B, R, D], lse [H, B, R]): the attention of
 // each row over the pair's kept keys, and the log of its softmax normaliser (−inf, with out 0, where none is kept).
+// With ``ks``/``vs`` [B, H, s, D] (the cells' own suffix, whose last ``nq`` positions are the queries': rows in
+// (group head, query) order, row r being query r % nq) and ``own`` (bool [B, s] or None), the softmax runs over the
+// kept context and then the suffix, causally: ``out`` is then the whole attention and ``lse`` its joint normaliser.
 std::vector<torch::Tensor> kept_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor offsets,
-                                          torch::Tensor idx, double scale) {
+                                          torch::Tensor idx, double scale, c10::optional<torch::Tensor> ks,
+                                          c10::optional<torch::Tensor> vs, c10::optional<torch::Tensor> own,
+                                          int64_t nq) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 3 && v.dim() == 3, "kept_attention: q [H,B,R,D], k/v [H,T,D]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
               "kept_attention: float32 only");
@@ -258,17 +403,43 @@ std::vector<torch::Tensor> kept_attention(torch::Tensor q, torch::Tensor k, torc
   const int64_t* off = offsets.data_ptr<int64_t>();
   const int32_t* ip = idx.data_ptr<int32_t>();
   const float sc = static_cast<float>(scale);
+  Suffix suf;
+  torch::Tensor own_c;
+  if (ks.has_value()) {
+    TORCH_CHECK(vs.has_value(), "kept_attention: the suffix needs keys and values");
+    const torch::Tensor& sk = *ks;
+    const torch::Tensor& sv = *vs;
+    TORCH_CHECK(sk.dim() == 4 && sv.dim() == 4 && sk.size(0) == B && sk.size(1) == H && sk.size(3) == d &&
+                    sv.sizes() == sk.sizes(), "kept_attention: suffix keys and values must be [B, H, s, D]");
+    TORCH_CHECK(sk.scalar_type() == at::kFloat && sv.scalar_type() == at::kFloat && sk.stride(3) == 1 &&
+                    sv.stride(3) == 1, "kept_attention: suffix float32 with contiguous rows");
+    TORCH_CHECK(nq >= 1 && nq <= sk.size(2) && R % nq == 0, "kept_attention: nq queries among the suffix positions");
+    suf.k = sk.data_ptr<float>();
+    suf.v = sv.data_ptr<float>();
+    suf.kb = sk.stride(0), suf.kh = sk.stride(1), suf.kr = sk.stride(2);
+    suf.vb = sv.stride(0), suf.vh = sv.stride(1), suf.vr = sv.stride(2);
+    suf.s = sk.size(2), suf.q = nq;
+    if (own.has_value()) {
+      own_c = own->contiguous();
+      TORCH_CHECK(own_c.scalar_type() == at::kBool && own_c.dim() == 2 && own_c.size(0) == B &&
+                      own_c.size(1) >= suf.s, "kept_attention: own must be bool [B, >= s]");
+      suf.own = own_c.data_ptr<bool>();
+      suf.own_stride = own_c.size(1);
+    }
+  }
   switch (d) {
-    case 64: run_all<4>(q, k, v, off, ip, sc, out, lse); break;
-    case 80: run_all<5>(q, k, v, off, ip, sc, out, lse); break;
-    case 96: run_all<6>(q, k, v, off, ip, sc, out, lse); break;
-    case 128: run_all<8>(q, k, v, off, ip, sc, out, lse); break;
-    case 256: run_all<16>(q, k, v, off, ip, sc, out, lse); break;
+    case 64: run_all<4>(q, k, v, off, ip, sc, suf, out, lse); break;
+    case 80: run_all<5>(q, k, v, off, ip, sc, suf, out, lse); break;
+    case 96: run_all<6>(q, k, v, off, ip, sc, suf, out, lse); break;
+    case 128: run_all<8>(q, k, v, off, ip, sc, suf, out, lse); break;
+    case 256: run_all<16>(q, k, v, off, ip, sc, suf, out, lse); break;
     default: TORCH_CHECK(false, "kept_attention: head_dim must be one of 64, 80, 96, 128, 256");
   }
   return {out, lse};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("kept_attention", &kept_attention, "attention over each (KV head, cell)'s kept context entries");
+  m.def("kept_attention", &kept_attention, "attention over each (KV head, cell)'s kept context entries",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("offsets"), py::arg("idx"), py::arg("scale"),
+        py::arg("ks") = py::none(), py::arg("vs") = py::none(), py::arg("own") = py::none(), py::arg("nq") = 1);
 }
