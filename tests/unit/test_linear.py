@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from kvroute.engine import linear
-from kvroute.engine.linear import onednn_available, onednn_linear, switched
+from kvroute.engine.linear import onednn_available, onednn_by_default, onednn_linear, switched
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear on the CPU")
 
@@ -37,7 +37,7 @@ def test_onednn_linear_equals_the_default_and_runs(rows):
     first, second = m[0], m[1]
     with torch.inference_mode():
         ref = second(first(x))
-        with onednn_linear(m) as n:
+        with onednn_linear(m, enabled=True) as n:
             assert n == 2  # the two plain float32 layers; not the subclass, the hooked one or the bfloat16 one
             assert ran_onednn(lambda: first(x))
             got = second(first(x))
@@ -62,3 +62,24 @@ def test_onednn_linear_restores_on_error_and_can_be_off(monkeypatch):
     assert switched(m) == [m[0], m[1]]
     with torch.inference_mode(), onednn_linear(m, enabled=True):  # an empty batch falls back to the default
         assert m[0](torch.randn(0, 16)).shape == (0, 32)
+
+
+def test_onednn_is_chosen_by_the_cpu_vendor_unless_set(monkeypatch):
+    """Not on Intel's CPUs (their MKL is the faster default), on every other; KVROUTE_ONEDNN_LINEAR overrides the rule,
+    read once at import."""
+    assert not onednn_by_default("GenuineIntel")
+    assert onednn_by_default("AuthenticAMD") and onednn_by_default("")
+    import importlib
+
+    for env, vendor, want in [("1", "GenuineIntel", True), ("0", "AuthenticAMD", False), (None, "GenuineIntel", False),
+                              (None, "AuthenticAMD", True)]:
+        if env is None:
+            monkeypatch.delenv("KVROUTE_ONEDNN_LINEAR", raising=False)
+        else:
+            monkeypatch.setenv("KVROUTE_ONEDNN_LINEAR", env)
+        monkeypatch.setattr("kvroute.cpuinfo.cpu_field", lambda name, v=vendor: v if name == "vendor_id" else "")
+        try:
+            assert importlib.reload(linear).ONEDNN is want
+        finally:
+            monkeypatch.undo()
+            importlib.reload(linear)

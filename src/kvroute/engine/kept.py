@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from kvroute.cpuinfo import cpu_field
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "kept_attention.cpp"
@@ -47,17 +49,9 @@ KEPT_MAX_ROWS = 512
 ENABLED = os.environ.get("KVROUTE_KEPT_KERNEL", "1") != "0"
 
 
-@functools.cache
 def _cpu_flags() -> str:
     """The CPU's feature flags (Linux), '' where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpu_field("flags")
 
 
 @functools.cache

@@ -5,17 +5,17 @@ PyTorch's default float32 CPU path (BLAS ``sgemm``) runs far below its large-mat
 matmul (``torch.ops.mkldnn._linear_pointwise``, the kernel PyTorch's own CPU compiler emits for linear
 layers) reads the same dense weights, no copy; on the 2-core AMD EPYC measured here it was 1.0–2.0× faster
 at 1–64 rows (by weight shape), 1.5–2.3× for the unembedding, and a 27-cell decode at 2k context tokens
-ran 1.15× faster; on a 2-core Intel Xeon of the same kind the default BLAS was faster at most decode sizes and the
-same decode ran 0.95× (``benchmarks/linear_backend.py`` times both side by side; the default BLAS is tuned per
-CPU vendor, so rerun it on yours, and ``KVROUTE_ONEDNN_LINEAR=0`` where it loses).
+ran 1.15× faster; on a 2-core Intel Xeon of the same kind the default (Intel's MKL) was faster at most decode sizes
+and the same decode ran 0.95× (``benchmarks/linear_backend.py`` times both side by side). So oneDNN is chosen by the
+CPU's vendor (:func:`onednn_by_default`: not on Intel's), and ``KVROUTE_ONEDNN_LINEAR=1`` or ``=0`` overrides it.
 
 Results are equal to float32 rounding, not bit for bit: the two libraries sum in different orders (as
 BLAS itself does between one row and many), so a near-tie between two next tokens could in principle
 resolve differently; the engine's equivalence tests and ``benchmarks/equivalence.py`` check the answers.
 
 :func:`onednn_linear` switches a model's float32 ``nn.Linear`` layers on a CPU to it for the duration of
-a block (the decode forwards; never the prefill, whose scores must equal the reference's bit for bit).
-``KVROUTE_ONEDNN_LINEAR=0`` turns it off.
+a block (the decode forwards; never the prefill, whose scores must equal the reference's bit for bit) where
+:data:`ONEDNN` says so.
 """
 
 from __future__ import annotations
@@ -28,8 +28,22 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-#: oneDNN is used where it works (``KVROUTE_ONEDNN_LINEAR=0`` turns it off: PyTorch's default linear)
-ONEDNN = os.environ.get("KVROUTE_ONEDNN_LINEAR", "1") != "0"
+from kvroute.cpuinfo import cpu_field
+
+
+def onednn_by_default(vendor: str) -> bool:
+    """Whether the decode linears take oneDNN on a CPU of ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``) when
+    ``KVROUTE_ONEDNN_LINEAR`` is not set: everywhere but on Intel's CPUs, where PyTorch's default float32 linear
+    (Intel's MKL, tuned for them) was the faster (``benchmarks/linear_backend.py``: 0.95× with oneDNN on an Intel
+    Xeon, 1.15× on an AMD EPYC, the same decode). A rule on the vendor, not a timing, so that the choice, and so the
+    decode's float32 rounding, is the same at every run on a machine."""
+    return vendor != "GenuineIntel"
+
+
+#: whether oneDNN runs the decode linears: ``KVROUTE_ONEDNN_LINEAR=1`` on, ``=0`` off (PyTorch's default linear), unset
+#: by the CPU's vendor (:func:`onednn_by_default`)
+ONEDNN = (os.environ["KVROUTE_ONEDNN_LINEAR"] != "0" if "KVROUTE_ONEDNN_LINEAR" in os.environ
+          else onednn_by_default(cpu_field("vendor_id")))
 
 
 @functools.cache

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvroute import __version__
+from kvroute.cpuinfo import cpu_field
 from kvroute.files import write_text
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,7 @@ def git_info(path: Path | None = None) -> dict[str, Any] | None:
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux), else what ``platform`` says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_field("model name") or platform.processor() or platform.machine()
 
 
 def device_info() -> dict[str, Any]:

@@ -29,7 +29,7 @@
 namespace {
 
 constexpr int64_t kBlock = 128;  // kept entries per online-softmax step (their scores stay in L1)
-constexpr int64_t kSpan = 256;   // context positions whose keys and values the cells of a work item share in cache
+constexpr int64_t kSpan = 512;   // context positions whose keys and values the cells of a work item share in cache
 constexpr int64_t kRun = 8;      // cells per work item, at most
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -66,6 +66,36 @@ struct Pair {
   float* l;
 };
 
+// r[x] lane t becomes r[t] lane x: a 16×16 transpose in registers (64 shuffles in place of 256 scalar copies)
+inline void transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  auto lo = [](__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+  };
+  auto hi = [](__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+  };
+  for (int g = 0; g < 16; g += 4) {
+    r[g] = lo(t[g], t[g + 2]);
+    r[g + 1] = hi(t[g], t[g + 2]);
+    r[g + 2] = lo(t[g + 1], t[g + 3]);
+    r[g + 3] = hi(t[g + 1], t[g + 3]);
+  }
+  for (int g = 0; g < 16; g += 8) {
+    for (int i = 0; i < 4; ++i) {
+      t[g + i] = _mm512_shuffle_f32x4(r[g + i], r[g + 4 + i], 0x88);
+      t[g + 4 + i] = _mm512_shuffle_f32x4(r[g + i], r[g + 4 + i], 0xdd);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+  }
+}
 // Scores of rows [r0, r0 + RB) against 16 keys held transposed in ``kt`` ([NV·16 dims][16 keys]): one FMA per
 // (row, dimension) covers the 16 keys, with no horizontal sum (the form for many rows per pair).
 template <int NV, int RB>
@@ -193,9 +223,13 @@ inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, c
   if (R >= kTransposeRows) {
     for (int64_t j0 = 0; j0 < nb; j0 += 16) {  // 16 keys at a time, transposed (a short group repeats its last key)
       const int64_t m = std::min<int64_t>(16, nb - j0);
-      for (int64_t t = 0; t < 16; ++t) {
-        const float* kr = k + static_cast<int64_t>(idx[j0 + std::min(t, m - 1)]) * ks;
-        for (int64_t x = 0; x < d; ++x) kt[16 * x + t] = kr[x];
+      const float* kr[16];
+      for (int64_t t = 0; t < 16; ++t) kr[t] = k + static_cast<int64_t>(idx[j0 + std::min(t, m - 1)]) * ks;
+      for (int c = 0; c < NV; ++c) {  // dimensions 16c … 16c + 15 of the 16 keys, transposed into kt
+        __m512 rows[16];
+        for (int t = 0; t < 16; ++t) rows[t] = _mm512_loadu_ps(kr[t] + 16 * c);
+        transpose16(rows);
+        for (int x = 0; x < 16; ++x) _mm512_storeu_ps(kt + 16 * (16 * c + x), rows[x]);
       }
       int64_t r = 0;
       for (; r + 4 <= R; r += 4) scores_transposed<NV, 4>(p.q, r, kt, scale, s + j0);
