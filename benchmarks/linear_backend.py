@@ -4,8 +4,9 @@
     steps; 8–64: kvroute's batched cells; more: a question forward), every layer's matrix in turn (so
     the weights come from memory, as in a forward): median ms per matmul, default vs oneDNN.
 (b) The 27-cell grid's decoding (`Engine` with `capture=False`, the full cache skipped, as grid_speed),
-    from one prefill, with kvroute.engine.linear on and off, alternating: median seconds, and whether
-    every cell's tokens are equal.
+    from one prefill: the default linear throughout, oneDNN throughout, and kvroute.engine.linear's rule
+    (oneDNN up to LARGE_ROWS rows, larger forwards by the CPU's vendor), alternating: median seconds, and
+    whether every cell's tokens are equal.
 (c) One kvpress pipeline call (SnapKV 0.5) with the model's linear layers switched the same way, for
     how much of (b)'s gain a loop over kvpress would also get from the library (kvroute never switches
     the reference: grid_speed times kvpress as it runs).
@@ -86,21 +87,23 @@ def main() -> int:
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     res = engine.run(prompt, cells, decode_full=False)
     q_ids = list(prompt.question_ids)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    tokens: dict[bool, list[list[int]]] = {}
-    saved = linear_mod.ONEDNN
+    # default throughout, oneDNN throughout, and kvroute's rule (oneDNN up to LARGE_ROWS rows, above by CPU vendor)
+    arms = {"default": (False, False), "oneDNN": (True, True), "rule": (True, linear_mod.ONEDNN_LARGE)}
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    tokens: dict[str, list[list[int]]] = {}
+    saved = linear_mod.ONEDNN, linear_mod.ONEDNN_LARGE
     try:
         for rep in range(args.repeats + 1):
-            for on in (False, True):
-                linear_mod.ONEDNN = on
+            for arm, (on, large) in arms.items():
+                linear_mod.ONEDNN, linear_mod.ONEDNN_LARGE = on, large
                 t0 = time.perf_counter()
                 outs = engine._decode(res.prefill, q_ids, [m for m in res.masks if m is not None])
                 if rep:  # the first round warms up
-                    times[on].append(time.perf_counter() - t0)
-                tokens[on] = [o.tokens for o in outs]
+                    times[arm].append(time.perf_counter() - t0)
+                tokens[arm] = [o.tokens for o in outs]
     finally:
-        linear_mod.ONEDNN = saved
-    equal = tokens[True] == tokens[False]
+        linear_mod.ONEDNN, linear_mod.ONEDNN_LARGE = saved
+    equal = tokens["oneDNN"] == tokens["default"] == tokens["rule"]
 
     # (c) one kvpress call with the model's linear layers switched the same way
     pipe = kvpress_pipeline(lm)
@@ -115,7 +118,9 @@ def main() -> int:
                 if rep:
                     kv[on].append(time.perf_counter() - t0)
 
-    dec = statistics.median(times[False]) / statistics.median(times[True])
+    dec = statistics.median(times["default"]) / statistics.median(times["oneDNN"])
+    rule = statistics.median(times["default"]) / statistics.median(times["rule"])
+    vendor = "oneDNN" if linear_mod.ONEDNN_LARGE else "the default"
     kvp = statistics.median(kv[False]) / statistics.median(kv[True])
     default = is_default(args, tokens=2048)
     lines = [
@@ -134,8 +139,12 @@ def main() -> int:
         *[f"| {o} × {i} | {n} | {r} | {a:.3f} | {b:.3f} | {a / b:.2f}× |" for o, i, n, r, a, b in table],
         "",
         f"The 27-cell grid's decoding ({len(prompt.context_ids)}-token `base` instance, one prefill, answers only, "
-        f"max_new_tokens={args.max_new_tokens}): default {median_spread(times[False])} s, oneDNN "
-        f"{median_spread(times[True])} s: **{dec:.2f}×**. Tokens equal in every cell: {'yes' if equal else 'NO'}.",
+        f"max_new_tokens={args.max_new_tokens}; the question forward's {len(q_ids)} queries × 27 cells are one "
+        f"large forward): default throughout {median_spread(times['default'])} s, oneDNN throughout "
+        f"{median_spread(times['oneDNN'])} s (**{dec:.2f}×**), kvroute's rule (oneDNN up to "
+        f"{linear_mod.LARGE_ROWS} rows, larger forwards through {vendor} on this CPU) "
+        f"{median_spread(times['rule'])} s (**{rule:.2f}×**). Tokens equal in every cell, all three: "
+        f"{'yes' if equal else 'NO'}.",
         "",
         f"One kvpress pipeline call (SnapKV 0.5, same prompt) with the model's linear layers switched the same way "
         f"(prefill included): default {median_spread(kv[False])} s, oneDNN {median_spread(kv[True])} s: "
@@ -144,6 +153,7 @@ def main() -> int:
         "loop could also have.",
         "",
         f"decode speedup: {dec:.2f}",
+        f"decode speedup with kvroute's rule: {rule:.2f}",
     ]
     write(result_name("linear_backend", args, tokens=2048), lines)
     print("\n".join(lines))

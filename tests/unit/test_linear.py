@@ -64,22 +64,29 @@ def test_onednn_linear_restores_on_error_and_can_be_off(monkeypatch):
         assert m[0](torch.randn(0, 16)).shape == (0, 32)
 
 
-def test_onednn_is_chosen_by_the_cpu_vendor_unless_set(monkeypatch):
-    """Not on Intel's CPUs (their MKL is the faster default), on every other; KVROUTE_ONEDNN_LINEAR overrides the rule,
-    read once at import."""
+def test_large_forwards_follow_the_cpu_vendor_unless_set(monkeypatch):
+    """Forwards of more than LARGE_ROWS rows take oneDNN except on Intel's CPUs (their MKL is the faster there); the
+    decode steps' small ones take it everywhere; KVROUTE_ONEDNN_LINEAR sets both, read once at import."""
     assert not onednn_by_default("GenuineIntel")
     assert onednn_by_default("AuthenticAMD") and onednn_by_default("")
     import importlib
 
-    for env, vendor, want in [("1", "GenuineIntel", True), ("0", "AuthenticAMD", False), (None, "GenuineIntel", False),
-                              (None, "AuthenticAMD", True)]:
+    for env, vendor, small, large in [("1", "GenuineIntel", True, True), ("0", "AuthenticAMD", False, False),
+                                      (None, "GenuineIntel", True, False), (None, "AuthenticAMD", True, True)]:
         if env is None:
             monkeypatch.delenv("KVROUTE_ONEDNN_LINEAR", raising=False)
         else:
             monkeypatch.setenv("KVROUTE_ONEDNN_LINEAR", env)
         monkeypatch.setattr("kvroute.cpuinfo.cpu_field", lambda name, v=vendor: v if name == "vendor_id" else "")
         try:
-            assert importlib.reload(linear).ONEDNN is want
+            importlib.reload(linear)
+            assert (linear.ONEDNN, linear.ONEDNN_LARGE) == (small, large)
         finally:
             monkeypatch.undo()
             importlib.reload(linear)
+    m = model()
+    monkeypatch.setattr(linear, "ONEDNN_LARGE", False)
+    with torch.inference_mode(), onednn_linear(m, enabled=True):
+        small_x, large_x = torch.randn(linear.LARGE_ROWS, 16), torch.randn(3, linear.LARGE_ROWS, 16)
+        assert ran_onednn(lambda: m[0](small_x)) and not ran_onednn(lambda: m[0](large_x))
+        torch.testing.assert_close(m[0](large_x), nn.functional.linear(large_x, m[0].weight, m[0].bias))

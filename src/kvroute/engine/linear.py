@@ -5,9 +5,11 @@ PyTorch's default float32 CPU path (BLAS ``sgemm``) runs far below its large-mat
 matmul (``torch.ops.mkldnn._linear_pointwise``, the kernel PyTorch's own CPU compiler emits for linear
 layers) reads the same dense weights, no copy; on the 2-core AMD EPYC measured here it was 1.0–2.0× faster
 at 1–64 rows (by weight shape), 1.5–2.3× for the unembedding, and a 27-cell decode at 2k context tokens
-ran 1.15× faster; on a 2-core Intel Xeon of the same kind the default (Intel's MKL) was faster at most decode sizes
-and the same decode ran 0.95× (``benchmarks/linear_backend.py`` times both side by side). So oneDNN is chosen by the
-CPU's vendor (:func:`onednn_by_default`: not on Intel's), and ``KVROUTE_ONEDNN_LINEAR=1`` or ``=0`` overrides it.
+ran 1.15× faster; on a 2-core Intel Xeon of the same kind oneDNN was 1.2–1.9× faster for Qwen2.5-0.5B's weights
+at decode sizes and level or slower for SmolLM2's smaller ones, while the default (Intel's MKL) was 7–14% faster
+for a question forward's 1,269 rows on every shape (``benchmarks/linear_backend.py`` times both side by side).
+So forwards of up to :data:`LARGE_ROWS` rows take oneDNN, larger ones too except on Intel's CPUs
+(:func:`onednn_by_default`), and ``KVROUTE_ONEDNN_LINEAR=1`` or ``=0`` sets both.
 
 Results are equal to float32 rounding, not bit for bit: the two libraries sum in different orders (as
 BLAS itself does between one row and many), so a near-tie between two next tokens could in principle
@@ -32,18 +34,23 @@ from kvroute.cpuinfo import cpu_field
 
 
 def onednn_by_default(vendor: str) -> bool:
-    """Whether the decode linears take oneDNN on a CPU of ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``) when
-    ``KVROUTE_ONEDNN_LINEAR`` is not set: everywhere but on Intel's CPUs, where PyTorch's default float32 linear
-    (Intel's MKL, tuned for them) was the faster (``benchmarks/linear_backend.py``: 0.95× with oneDNN on an Intel
-    Xeon, 1.15× on an AMD EPYC, the same decode). A rule on the vendor, not a timing, so that the choice, and so the
-    decode's float32 rounding, is the same at every run on a machine."""
+    """Whether forwards of many rows (more than :data:`LARGE_ROWS`: a question forward of many cells) take oneDNN on a
+    CPU of ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``) when ``KVROUTE_ONEDNN_LINEAR`` is not set: everywhere but on
+    Intel's CPUs, where PyTorch's default float32 linear (Intel's MKL, tuned for them) was 7–14% faster at 1,269
+    rows on every weight shape of both embedded models, while oneDNN stayed the faster at decode sizes on most of them
+    (``benchmarks/linear_backend.py``). A rule, not a timing at run time, so that the choice, and so the decode's
+    float32 rounding, is the same at every run on a machine."""
     return vendor != "GenuineIntel"
 
 
-#: whether oneDNN runs the decode linears: ``KVROUTE_ONEDNN_LINEAR=1`` on, ``=0`` off (PyTorch's default linear), unset
-#: by the CPU's vendor (:func:`onednn_by_default`)
-ONEDNN = (os.environ["KVROUTE_ONEDNN_LINEAR"] != "0" if "KVROUTE_ONEDNN_LINEAR" in os.environ
-          else onednn_by_default(cpu_field("vendor_id")))
+#: a forward with more rows than this (cells × queries) is large: a question forward, not a decode step
+LARGE_ROWS = 256
+_ENV = os.environ.get("KVROUTE_ONEDNN_LINEAR")
+#: whether oneDNN runs the decode forwards' linears (``KVROUTE_ONEDNN_LINEAR=0``: PyTorch's default linear throughout)
+ONEDNN = _ENV != "0"
+#: whether it also runs the large ones: ``KVROUTE_ONEDNN_LINEAR=1`` yes, ``=0`` no, unset by the CPU's vendor
+#: (:func:`onednn_by_default`)
+ONEDNN_LARGE = _ENV != "0" if _ENV is not None else onednn_by_default(cpu_field("vendor_id"))
 
 
 @functools.cache
@@ -60,7 +67,8 @@ def onednn_available() -> bool:
 
 
 def _forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() == 0:
+    if (x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() == 0
+            or (not ONEDNN_LARGE and x.numel() > LARGE_ROWS * x.shape[-1])):
         return nn.functional.linear(x, module.weight, module.bias)
     return torch.ops.mkldnn._linear_pointwise(x, module.weight, module.bias, "none", [], "")
 
