@@ -9,8 +9,9 @@ them, walking the context in spans whose keys and values the cells of a work ite
 over the cells' own suffix (their question and answer so far, causal) in the same online softmax, so that a forward's
 attention is one call (joining the suffix in PyTorch, :func:`kvroute.engine.streaming.with_suffix`, took a third
 of a decode step's attention time: small tensor operations, each paid per layer and step). It needs no transient
-tensor beyond its output, so it also replaces the gathered and chunked forms where it applies
-(:data:`KEPT_MAX_ROWS`).
+tensor beyond its output (for a decode step, one partial output per 512-position chunk of the context, at most 64:
+tens of MB for an 8B model's 64 cells at 32k tokens, beside gigabytes of context K/V), so it also replaces the
+gathered and chunked forms where it applies (:data:`KEPT_MAX_ROWS`).
 
 The kernel is C++ with AVX-512 intrinsics, float32 only, built once per machine at first use through
 ``torch.utils.cpp_extension`` (a C++ compiler and ninja; ``ninja`` is a dependency) into PyTorch's extension cache.
