@@ -6,12 +6,16 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from kvroute.models.layers import base_model, decoder_layers
 
-__all__ = ["attention_hooks", "base_model", "decoder_layers"]
+__all__ = ["REUSE_ROWS", "attention_hooks", "base_model", "decoder_layers", "RowReuse"]
+
+#: the fewest rows a call must take for :class:`RowReuse` to answer it from the forward's product
+REUSE_ROWS = 256
 
 
 @contextlib.contextmanager
@@ -35,7 +39,7 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any],
                 attn.rotary_emb = base.rotary_emb
                 attached.append(attn)
             handles.append(attn.register_forward_hook(hook, with_kwargs=True))
-            if q_proj_hook is not None:
+            if q_proj_hook is not None and hasattr(attn, "q_proj"):
                 handles.append(attn.q_proj.register_forward_hook(q_proj_hook))
         yield
     finally:
@@ -43,3 +47,64 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any],
             h.remove()
         for attn in attached:
             del attn.rotary_emb
+
+
+def _rows_of(x: torch.Tensor, base: torch.Tensor) -> slice | None:
+    """``slice(a, b)`` where ``x`` is rows [a, b) of ``base`` along dim -2 (a view of the same memory, laid out the
+    same way, as ``base[:, a:b]``), else None."""
+    if (x.dtype != base.dtype or x.device != base.device or x.dim() != base.dim() or x.shape[:-2] != base.shape[:-2]
+            or x.shape[-1] != base.shape[-1] or x.stride() != base.stride()
+            or x.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()):
+        return None
+    step, delta = base.stride(-2), x.storage_offset() - base.storage_offset()
+    if step <= 0 or delta % step:
+        return None
+    a = delta // step
+    return slice(a, a + x.shape[-2]) if 0 <= a and a + x.shape[-2] <= base.shape[-2] else None
+
+
+class RowReuse:
+    """Answers a linear layer's calls on rows of its forward's input from the forward's product, where that gives the
+    same numbers bit for bit.
+
+    For the scorers that recompute a layer's queries from its input (kvpress's ``get_prerope_query_states``, e.g.
+    ExpectedAttention's ``q_proj`` over all but the sink tokens: at 7,800 tokens on SmolLM2 about half its scoring
+    time). Whether the rows of a product come out the same when fewer rows are multiplied beside them is the BLAS's
+    choice (MKL: the same from 16 rows on at SmolLM2's query width; not always at larger inner sizes with two
+    threads): so the first call of each shape is multiplied and compared with the forward's rows, and its shape is
+    answered from them for the rest of the prefill only where all were equal (the layers share their shapes, so they
+    share the BLAS's path). Calls of fewer than ``min_rows`` rows are multiplied: reuse would save nothing there.
+    """
+
+    def __init__(self, min_rows: int = REUSE_ROWS) -> None:
+        self.min_rows = min_rows
+        self.equal: dict[tuple[int, ...], bool] = {}  # a call's shape -> whether its product equalled the forward's
+
+    @contextlib.contextmanager
+    def rows(self, linear: nn.Module, inputs: torch.Tensor, outputs: torch.Tensor) -> Iterator[None]:
+        """Within the block, ``linear`` called on rows [a, b) of ``inputs`` (a view into them) returns rows [a, b) of
+        ``outputs`` (its product of ``inputs``) where :class:`RowReuse` has seen that equal; anything else is
+        multiplied as usual."""
+        own = vars(linear).get("forward")  # a forward already set on the instance (restored afterwards)
+        multiply = linear.forward
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            rows = _rows_of(x, inputs) if x.dim() >= 2 and x.shape[-2] >= self.min_rows else None
+            if rows is None:
+                return multiply(x)
+            shape = tuple(x.shape)
+            if shape not in self.equal:
+                y = multiply(x)
+                self.equal[shape] = torch.equal(y, outputs[..., rows, :])
+                return y
+            # a tensor of its own, as a product is
+            return outputs[..., rows, :].clone() if self.equal[shape] else multiply(x)
+
+        linear.forward = forward  # type: ignore[method-assign]  # on the instance: undone below
+        try:
+            yield
+        finally:
+            if own is None:
+                vars(linear).pop("forward", None)
+            else:
+                linear.forward = own  # type: ignore[method-assign]

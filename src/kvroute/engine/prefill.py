@@ -8,6 +8,7 @@ scores per layer gives exactly the scores every kvpress press would have used, a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from kvroute.engine.hooks import attention_hooks, base_model
+from kvroute.engine.hooks import RowReuse, attention_hooks, base_model
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.models.queries import rotate_queries, rotated_queries
 from kvroute.presses.press import Press
@@ -125,6 +126,13 @@ def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.
 
 
 @torch.inference_mode()
+def _queries(module: Any, proj: tuple[torch.Tensor, torch.Tensor] | None, pos: Any) -> torch.Tensor:
+    """The layer's post-RoPE queries [1, H, T, D] from its q_proj output (``proj``: the q_proj's input and output)."""
+    if proj is None:
+        raise EngineError(f"{type(module).__name__} has no q_proj whose output the scorers' queries come from")
+    return rotate_queries(module, proj[1], pos)
+
+
 def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, requests: Sequence[ScoreRequest] = (),
             *, evidence: Sequence[int] | None = None, seed: int = 0, question_window: int = 0,
             captures: Sequence[PrefillCapture] = (), errors: dict[ScoreKey, str] | None = None) -> PrefillResult:
@@ -146,7 +154,10 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     per_layer: dict[ScoreKey, list[torch.Tensor]] = {r.key: [] for r in layered}
     need_attn = any(r.scorer.needs_attentions for r in layered)
     need_queries = need_attn or bool(captures)
-    projected: list[torch.Tensor] = []  # the current layer's q_proj output, kept by a hook (no recompute)
+    # the current layer's q_proj input and output, kept by a hook: the queries need no recompute, and scorers that
+    # recompute them from the layer's input get the forward's rows (RowReuse)
+    projected: list[tuple[torch.Tensor, torch.Tensor]] = []
+    reuse = RowReuse()
     scoring = [0.0]  # seconds in the scorers (PrefillResult.score_seconds)
 
     def hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
@@ -155,10 +166,12 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
         layer: int = module.layer_idx
         keys, values = cache.layers[layer].keys, cache.layers[layer].values
         pos = kwargs["position_embeddings"]
-        q = rotate_queries(module, projected.pop(), pos) if need_queries else None  # [1, H, T, D]
+        proj = projected.pop() if projected else None
+        q = _queries(module, proj, pos) if need_queries else None  # [1, H, T, D]
         if layered:
             t = time.perf_counter()
-            score(module, layer, hidden, keys, values, kwargs, pos, q)
+            with reuse.rows(module.q_proj, *proj) if proj is not None else contextlib.nullcontext():
+                score(module, layer, hidden, keys, values, kwargs, pos, q)
             scoring[0] += time.perf_counter() - t
         for c in captures:
             c.on_layer(layer, module, hidden, keys, values, kwargs, queries=q)
@@ -179,12 +192,12 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
                 errors[r.key] = error_reason(e)
 
     def keep_projection(module: Any, args: Any, output: torch.Tensor) -> None:
-        projected[:] = [output]
+        projected[:] = [(args[0], output)]
 
     t0 = time.perf_counter()
     config: Any = model.config  # a transformers config
     cache = DynamicCache(config=config)
-    with attention_hooks(model, hook, q_proj_hook=keep_projection if need_queries else None):
+    with attention_hooks(model, hook, q_proj_hook=keep_projection if need_queries or layered else None):
         base_model(model)(input_ids=ids, past_key_values=cache, use_cache=True)
     keys, values = _filled_layers(cache)
     scores = {k: torch.cat(v, dim=0) for k, v in per_layer.items()

@@ -6,7 +6,7 @@
 // positions alone (a CSR list per (KV head, cell)), reading each kept key and value row once per (KV head, cell) and
 // step, with an online softmax over blocks of kept entries. Work items are (KV head, a run of cells) walking the
 // context in spans, so a span's keys and values stay in cache for the run's cells. Scores of a few rows are dot
-// products (a horizontal sum each); of many rows, products with 16 keys held transposed; value products are blocked
+// products (a horizontal sum each); of many rows, products with 32 keys held transposed; value products are blocked
 // over rows. Given the cells' own suffix (their question and answer so far), the online softmax goes on over it,
 // causally, and the output is the whole attention; without it, the output is the context part and each row's
 // log-sum-exp, which kvroute.engine.streaming.with_suffix joins with the suffix as it does for PyTorch's fused
@@ -96,20 +96,28 @@ inline void transpose16(__m512* r) {
     r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
   }
 }
-// Scores of rows [r0, r0 + RB) against 16 keys held transposed in ``kt`` ([NV·16 dims][16 keys]): one FMA per
-// (row, dimension) covers the 16 keys, with no horizontal sum (the form for many rows per pair).
+// Scores of rows [r0, r0 + RB) against 32 keys held transposed in ``kt`` ([NV·16 dims][32 keys]): two FMAs per
+// (row, dimension) cover the 32 keys, with no horizontal sum (the form for many rows per pair). A dimension's two key
+// registers serve the RB row broadcasts, so that with 12 rows the loop issues fewer loads than FMAs.
 template <int NV, int RB>
 inline void scores_transposed(const float* __restrict q, int64_t r0, const float* __restrict kt, float scale,
                               float* __restrict s) {
   constexpr int64_t d = NV * 16;
-  __m512 acc[RB];
-  for (int i = 0; i < RB; ++i) acc[i] = _mm512_setzero_ps();
+  __m512 acc[RB][2];
+  for (int i = 0; i < RB; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (int64_t x = 0; x < d; ++x) {
-    const __m512 kx = _mm512_loadu_ps(kt + 16 * x);
-    for (int i = 0; i < RB; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[(r0 + i) * d + x]), kx, acc[i]);
+    const __m512 k0 = _mm512_loadu_ps(kt + 32 * x), k1 = _mm512_loadu_ps(kt + 32 * x + 16);
+    for (int i = 0; i < RB; ++i) {
+      const __m512 qx = _mm512_set1_ps(q[(r0 + i) * d + x]);
+      acc[i][0] = _mm512_fmadd_ps(qx, k0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(qx, k1, acc[i][1]);
+    }
   }
   const __m512 sc = _mm512_set1_ps(scale);
-  for (int i = 0; i < RB; ++i) _mm512_storeu_ps(s + (r0 + i) * kBlock, _mm512_mul_ps(acc[i], sc));
+  for (int i = 0; i < RB; ++i) {
+    _mm512_storeu_ps(s + (r0 + i) * kBlock, _mm512_mul_ps(acc[i][0], sc));
+    _mm512_storeu_ps(s + (r0 + i) * kBlock + 16, _mm512_mul_ps(acc[i][1], sc));
+  }
 }
 
 // out rows [r0, r0 + RB) += their probabilities in ``s`` times the nb value rows ``idx``: each value row loaded
@@ -168,44 +176,6 @@ inline void values_tail(float* __restrict out, int64_t r0, int64_t n, const floa
   }
 }
 
-// lane j of the result: the sum of the 16 lanes of a[j] (the horizontal sums of 16 registers at once, 30 shuffles in
-// place of 16 full reductions)
-inline __m512 hsum16(const __m512* a) {
-  __m512 b[8], c[4];
-  for (int i = 0; i < 8; ++i) {  // 128-bit lane k of b[i]: a[2i] and a[2i + 1], two partial sums each, interleaved
-    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; ++i) {  // 128-bit lane k of c[i]: the lane-k partial sums of a[4i] … a[4i + 3], in order
-    const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
-    const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
-    c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-  }
-  // across the four 128-bit lanes: pairs of lanes, then pairs of pairs
-  const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-  const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
-}
-
-// Scores of every row against 16 keys ``kr`` (a short group repeats its last key): per row, one register of partial
-// sums per key, reduced together by hsum16 (the form for a few rows per pair: no transpose to repay)
-template <int NV>
-inline void scores_rows16(const float* __restrict q, int64_t R, const float* const* kr, float scale,
-                          float* __restrict s) {
-  constexpr int64_t d = NV * 16;
-  const __m512 sc = _mm512_set1_ps(scale);
-  for (int64_t r = 0; r < R; ++r) {
-    const float* qr = q + r * d;
-    __m512 qv[NV];
-    for (int c = 0; c < NV; ++c) qv[c] = _mm512_loadu_ps(qr + 16 * c);
-    __m512 acc[16];
-    for (int t = 0; t < 16; ++t) {
-      acc[t] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr[t]));
-      for (int c = 1; c < NV; ++c) acc[t] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr[t] + 16 * c), acc[t]);
-    }
-    _mm512_storeu_ps(s + r * kBlock, _mm512_mul_ps(hsum16(acc), sc));
-  }
-}
-
 // rows per register block of the value products: RB·NV accumulators and NV value registers within the 32
 template <int NV>
 constexpr int kValueRows = NV <= 4 ? 4 : (NV <= 5 ? 3 : (NV <= 8 ? 2 : 1));
@@ -213,7 +183,7 @@ constexpr int kValueRows = NV <= 4 ? 4 : (NV <= 5 ? 3 : (NV <= 8 ? 2 : 1));
 constexpr int64_t kTransposeRows = 12;
 
 // One step of pair ``p`` over ``nb`` ≤ kBlock kept rows ``idx`` of k/v (row strides ks, vs); ``s``: [R, kBlock]
-// scratch; ``kt``: [NV·16, 16] scratch.
+// scratch; ``kt``: [NV·16, 32] scratch.
 template <int NV>
 inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, const float* __restrict v, int64_t ks,
                       int64_t vs, const int32_t* __restrict idx, int64_t nb, float scale, float* __restrict s,
@@ -221,26 +191,34 @@ inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, c
   constexpr int64_t d = NV * 16;
   const int64_t nv = (nb + 15) / 16 * 16;  // scores padded to whole registers with -inf
   if (R >= kTransposeRows) {
-    for (int64_t j0 = 0; j0 < nb; j0 += 16) {  // 16 keys at a time, transposed (a short group repeats its last key)
-      const int64_t m = std::min<int64_t>(16, nb - j0);
-      const float* kr[16];
-      for (int64_t t = 0; t < 16; ++t) kr[t] = k + static_cast<int64_t>(idx[j0 + std::min(t, m - 1)]) * ks;
-      for (int c = 0; c < NV; ++c) {  // dimensions 16c … 16c + 15 of the 16 keys, transposed into kt
-        __m512 rows[16];
-        for (int t = 0; t < 16; ++t) rows[t] = _mm512_loadu_ps(kr[t] + 16 * c);
-        transpose16(rows);
-        for (int x = 0; x < 16; ++x) _mm512_storeu_ps(kt + 16 * (16 * c + x), rows[x]);
+    for (int64_t j0 = 0; j0 < nb; j0 += 32) {  // 32 keys at a time, transposed (a short group repeats its last key)
+      const int64_t m = std::min<int64_t>(32, nb - j0);
+      for (int g = 0; g < 2; ++g) {
+        const float* kr[16];
+        for (int64_t t = 0; t < 16; ++t) kr[t] = k + static_cast<int64_t>(idx[j0 + std::min(16 * g + t, m - 1)]) * ks;
+        for (int c = 0; c < NV; ++c) {  // dimensions 16c … 16c + 15 of the 16 keys, transposed into kt's half g
+          __m512 rows[16];
+          for (int t = 0; t < 16; ++t) rows[t] = _mm512_loadu_ps(kr[t] + 16 * c);
+          transpose16(rows);
+          for (int x = 0; x < 16; ++x) _mm512_storeu_ps(kt + 32 * (16 * c + x) + 16 * g, rows[x]);
+        }
       }
-      int64_t r = 0;
+      int64_t r = 0;  // the scores of keys past nb (at most kBlock) are set to -inf below
+      for (; r + 12 <= R; r += 12) scores_transposed<NV, 12>(p.q, r, kt, scale, s + j0);
       for (; r + 4 <= R; r += 4) scores_transposed<NV, 4>(p.q, r, kt, scale, s + j0);
       for (; r < R; ++r) scores_transposed<NV, 1>(p.q, r, kt, scale, s + j0);
     }
   } else {
-    const float* kr[16];
-    for (int64_t j0 = 0; j0 < nb; j0 += 16) {  // 16 keys at a time, their sums reduced together
-      const int64_t m = std::min<int64_t>(16, nb - j0);
-      for (int64_t t = 0; t < 16; ++t) kr[t] = k + static_cast<int64_t>(idx[j0 + std::min(t, m - 1)]) * ks;
-      scores_rows16<NV>(p.q, R, kr, scale, s + j0);
+    for (int64_t jj = 0; jj < nb; ++jj) {  // each key row loaded once for the few rows, a horizontal sum per score
+      const float* kr = k + static_cast<int64_t>(idx[jj]) * ks;
+      __m512 kv[NV];
+      for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* qr = p.q + r * d;
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
+        for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), kv[c], acc);
+        s[r * kBlock + jj] = _mm512_reduce_add_ps(acc) * scale;
+      }
     }
   }
   for (int64_t r = 0; r < R; ++r) {  // online softmax over the step
@@ -330,7 +308,7 @@ void run_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   };
 #pragma omp parallel num_threads(std::min<int64_t>(threads, std::max(items, pairs)))
   {
-    std::vector<float> sbuf(R * kBlock), kt(d * 16);
+    std::vector<float> sbuf(R * kBlock), kt(d * 32);
     std::vector<int64_t> cur(per_item);
     std::vector<int32_t> seen(suf.s);
 #pragma omp for schedule(dynamic, 1)
