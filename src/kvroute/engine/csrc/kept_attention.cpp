@@ -6,7 +6,7 @@
 // positions alone (a CSR list per (KV head, cell)), reading each kept key and value row once per (KV head, cell) and
 // step, with an online softmax over blocks of kept entries. Work items are (KV head, a run of cells) walking the
 // context in spans, so a span's keys and values stay in cache for the run's cells. Scores of a few rows are dot
-// products (a horizontal sum each); of many rows, products with 32 keys held transposed; value products are blocked
+// products (four keys' horizontal sums at once); of many rows, products with 32 keys held transposed; value products are blocked
 // over rows. Given the cells' own suffix (their question and answer so far), the online softmax goes on over it,
 // causally, and the output is the whole attention; without it, the output is the context part and each row's
 // log-sum-exp, which kvroute.engine.streaming.with_suffix joins with the suffix as it does for PyTorch's fused
@@ -176,6 +176,22 @@ inline void values_tail(float* __restrict out, int64_t r0, int64_t n, const floa
   }
 }
 
+// lane t of the result: the sum of the 16 lanes of a[t], t < 4 (the four sums of a group of keys share their shuffles)
+inline __m128 hsum4(const __m512* a) {
+  // per 128-bit lane: a[0] a[1] a[2] a[3] pairwise, then the pairs, so lane t of each 128-bit part sums part of a[t]
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+  const __m512 x = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  // the four 128-bit parts added: halves, then quarters
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// keys per group of the few-rows scores: their key registers (KG·NV) stay within the 32 beside the sums
+template <int NV>
+constexpr int kKeyGroup = NV <= 4 ? 4 : (NV <= 8 ? 2 : 1);
+
 // rows per register block of the value products: RB·NV accumulators and NV value registers within the 32
 template <int NV>
 constexpr int kValueRows = NV <= 4 ? 4 : (NV <= 5 ? 3 : (NV <= 8 ? 2 : 1));
@@ -209,15 +225,25 @@ inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, c
       for (; r < R; ++r) scores_transposed<NV, 1>(p.q, r, kt, scale, s + j0);
     }
   } else {
-    for (int64_t jj = 0; jj < nb; ++jj) {  // each key row loaded once for the few rows, a horizontal sum per score
-      const float* kr = k + static_cast<int64_t>(idx[jj]) * ks;
-      __m512 kv[NV];
-      for (int c = 0; c < NV; ++c) kv[c] = _mm512_loadu_ps(kr + 16 * c);
+    constexpr int KG = kKeyGroup<NV>;
+    const __m128 sc = _mm_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < nb; j0 += KG) {  // KG keys at a time (a short group repeats its last key)
+      __m512 kv[4][NV];
+      for (int t = 0; t < KG; ++t) {
+        const float* kr = k + static_cast<int64_t>(idx[std::min<int64_t>(j0 + t, nb - 1)]) * ks;
+        for (int c = 0; c < NV; ++c) kv[t][c] = _mm512_loadu_ps(kr + 16 * c);
+      }
       for (int64_t r = 0; r < R; ++r) {
         const float* qr = p.q + r * d;
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
-        for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), kv[c], acc);
-        s[r * kBlock + jj] = _mm512_reduce_add_ps(acc) * scale;
+        __m512 acc[4];
+        const __m512 q0 = _mm512_loadu_ps(qr);
+        for (int t = 0; t < KG; ++t) acc[t] = _mm512_mul_ps(q0, kv[t][0]);
+        for (int c = 1; c < NV; ++c) {
+          const __m512 qc = _mm512_loadu_ps(qr + 16 * c);
+          for (int t = 0; t < KG; ++t) acc[t] = _mm512_fmadd_ps(qc, kv[t][c], acc[t]);
+        }
+        for (int t = KG; t < 4; ++t) acc[t] = _mm512_setzero_ps();
+        _mm_storeu_ps(s + r * kBlock + j0, _mm_mul_ps(hsum4(acc), sc));  // within the row: kBlock is a multiple of 4
       }
     }
   }
