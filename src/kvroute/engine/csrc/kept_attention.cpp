@@ -1,16 +1,16 @@
 // Attention of the query rows of each (KV head, cell) over that cell's kept context entries only.
 //
-// The masked engine's forwards attend, for every cell of a batch and every KV head, R query rows (the G query heads
-// of the group times the forward's queries: R = G for a decode step) over the shared context K/V, of which the cell
-// keeps a subset. The dense kernels multiply all T keys and drop the masked scores; this kernel visits the kept
-// positions alone (a CSR list per (KV head, cell)), reading each kept key and value row once per (KV head, cell) and
-// step, with an online softmax over blocks of kept entries. Work items are (KV head, a run of cells) walking the
-// context in spans, so a span's keys and values stay in cache for the run's cells. Scores of a few rows are dot
-// products (four keys' horizontal sums at once); of many rows, products with 32 keys held transposed; value products are blocked
-// over rows. Given the cells' own suffix (their question and answer so far), the online softmax goes on over it,
-// causally, and the output is the whole attention; without it, the output is the context part and each row's
-// log-sum-exp, which kvroute.engine.streaming.with_suffix joins with the suffix as it does for PyTorch's fused
-// kernel. float32 in, float32 out; accumulation in float32.
+// The masked engine's forwards attend, for every cell of a batch and every KV head, R query rows (the G query heads of
+// the group times the forward's queries: R = G for a decode step) over the shared context K/V, of which the cell keeps
+// a subset. The dense kernels multiply all T keys and drop the masked scores; this kernel visits the kept positions
+// alone (a CSR list per (KV head, cell)), reading each kept key and value row once per (KV head, cell) and step, with
+// an online softmax over blocks of kept entries. Work items are (KV head, a run of cells) walking the context in spans,
+// so a span's keys and values stay in cache for the run's cells. Scores of a few rows are dot products (four keys'
+// horizontal sums at once); of many rows, products with 32 keys held transposed; value products are blocked over rows.
+// Given the cells' own suffix (their question and answer so far), the online softmax goes on over it, causally, and the
+// output is the whole attention; without it, the output is the context part and each row's log-sum-exp, which
+// kvroute.engine.streaming.with_suffix joins with the suffix as it does for PyTorch's fused kernel. float32 in, float32
+// out; accumulation in float32.
 #include <torch/extension.h>
 #include <immintrin.h>
 #include <omp.h>
