@@ -125,7 +125,6 @@ def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.
     return keys, values
 
 
-@torch.inference_mode()
 def _queries(module: Any, proj: tuple[torch.Tensor, torch.Tensor] | None, pos: Any) -> torch.Tensor:
     """The layer's post-RoPE queries [1, H, T, D] from its q_proj output (``proj``: the q_proj's input and output)."""
     if proj is None:
@@ -133,6 +132,7 @@ def _queries(module: Any, proj: tuple[torch.Tensor, torch.Tensor] | None, pos: A
     return rotate_queries(module, proj[1], pos)
 
 
+@torch.inference_mode()
 def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, requests: Sequence[ScoreRequest] = (),
             *, evidence: Sequence[int] | None = None, seed: int = 0, question_window: int = 0,
             captures: Sequence[PrefillCapture] = (), errors: dict[ScoreKey, str] | None = None) -> PrefillResult:
