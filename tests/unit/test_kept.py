@@ -189,3 +189,23 @@ def test_the_kernel_stays_out_where_it_does_not_apply(kernel, monkeypatch):
     assert calls
     assert torch.equal(seen[True], seen[False])
     torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_few_rows_steps_of_a_whole_block_at_every_head_size(kernel, D):
+    """A decode step's rows (G = 7) over 128 kept entries in one step, where the few-rows scores take 4, 2 or 1 keys
+    at a time by head size: each row's scores stay in its own row of the scratch (a store past it once overwrote the
+    next row's first scores and ran past the buffer)."""
+    torch.manual_seed(0)
+    Hkv, G, B, T = 2, 7, 3, 300
+    k, v = torch.randn(Hkv, T, D), torch.randn(Hkv, T, D)
+    keep = torch.ones(Hkv, B, T, dtype=torch.bool)
+    keep[:, 1, ::3] = False
+    off, idx = kept_index(keep)
+    q = torch.randn(B, Hkv, G, D)
+    out = kept_context(q, k, v, off, idx, scale=D ** -0.5)
+    scores = torch.einsum("bhrd,htd->bhrt", q, k) * D ** -0.5
+    scores = scores.masked_fill(~keep.transpose(0, 1)[:, :, None, :], float("-inf"))
+    ref = torch.einsum("bhrt,htd->bhrd", scores.softmax(-1), v)
+    out = out[0] if isinstance(out, tuple) else out
+    torch.testing.assert_close(out if out.shape == ref.shape else out.transpose(0, 1), ref, atol=1e-5, rtol=0)

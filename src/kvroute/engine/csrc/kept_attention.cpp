@@ -243,7 +243,8 @@ inline void pair_step(const Pair<NV>& p, int64_t R, const float* __restrict k, c
           for (int t = 0; t < KG; ++t) acc[t] = _mm512_fmadd_ps(qc, kv[t][c], acc[t]);
         }
         for (int t = KG; t < 4; ++t) acc[t] = _mm512_setzero_ps();
-        _mm_storeu_ps(s + r * kBlock + j0, _mm_mul_ps(hsum4(acc), sc));  // within the row: kBlock is a multiple of 4
+        // the group's KG scores only: a wider store would run past the row (KG < 4) into the next one
+        _mm_mask_storeu_ps(s + r * kBlock + j0, static_cast<__mmask8>((1 << KG) - 1), _mm_mul_ps(hsum4(acc), sc));
       }
     }
   }
