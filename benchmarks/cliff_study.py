@@ -236,7 +236,7 @@ def report_tables(out: Path, heads: Path, seconds: dict[str, float]) -> list[str
     rrows = [dict(r, ci=_interval(r["low"], r["high"])) for r in pooled.to_dict("records")]
     lines += md_table(rrows, [("model", "model"), ("restore", "condition"), ("ratio", "α"),
                             ("n_instances", "instances"), ("failures", "failures"), ("repaired", "repaired"),
-                            ("share", "share"), ("ci", "95% CI")])
+                            ("listed", "listed (not repaired)"), ("share", "share"), ("ci", "95% CI")])
     return lines
 
 

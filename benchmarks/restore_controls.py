@@ -118,7 +118,7 @@ def main() -> int:
              *[f"- {marks[ok]} {text}" for text, ok in checks(rec)], "",
              "## Repairs: share of the failures compression caused (the full cache was correct) that each "
              "restore condition repairs (all failure classes; Wilson 95%)", "",
-             *_md(table, ["press", "ratio", "restore", "failures", "repaired", "share", "low", "high"]), "",
+             *_md(table, ["press", "ratio", "restore", "failures", "repaired", "listed", "share", "low", "high"]), "",
              "## Retrieval heads: does the answer's survival in them predict hallucination within ratio?", "",
              "Metric 'retrieval' on the same cells (the press's own cells, restored ones left out): AUC for "
              "hallucination of 1 − retrieval survival against GER's, within ratio, with the difference's 95% "

@@ -64,10 +64,10 @@ METRIC_FIELDS: dict[str, str] = {
     "answer": "greedy answer text",
     "f1": "SQuAD-normalised token F1 against the gold answers",
     "exact": "SQuAD-normalised exact match (0/1)",
-    "outcome": "correct | distractor | abstained | partial | fabricated (decided in this order; "
-               "see kvroute.metrics.hallucination)",
-    "hallucinated": "bool: outcome in (distractor, fabricated); on an unanswerable item, any answer other than "
-                    "an abstention that names no candidate value",
+    "outcome": "listed | correct | distractor | abstained | partial | fabricated (decided in this order; listed: "
+               "the gold and another candidate value named, a failure; see kvroute.metrics.hallucination)",
+    "hallucinated": "bool: outcome in (distractor, fabricated), not listed; on an unanswerable item, any answer "
+                    "other than an abstention that names no candidate value",
     "ger": "Global Eviction Ratio on answer tokens: share of (layer, t in T_ans) evicted from every KV head",
     "ger_all_layers": "share of t in T_ans evicted from every head of every layer",
     "ger_evidence": "GER on evidence tokens T_ev",

@@ -145,6 +145,45 @@ def test_wrong_bindings_and_non_abstentions_on_unanswerable_items_are_hallucinat
     assert classify(answer, golds, distractors, unanswerable=unans) in HALLUCINATIONS
 
 
+_SUSPECTS = ["Maren Osk", "Iver Lund"]
+
+
+@pytest.mark.parametrize("answer,golds,distractors,unans,expected", [
+    # the gold named among other candidate values: a hedge over the candidates, not an answer
+    ("Maren Osk, Iver Lund and Tobin Hale", ["Tobin Hale"], _SUSPECTS, False, "listed"),
+    ("Maren Osk or Tobin Hale", ["Tobin Hale"], _SUSPECTS, False, "listed"),
+    ("I'm not sure: Tobin Hale or perhaps Iver Lund.", ["Tobin Hale"], _SUSPECTS, False, "listed"),
+    # ruling the others out still names them (SCIENCE.md: the gold and another candidate named is listed)
+    ("Tobin Hale, not Maren Osk", ["Tobin Hale"], _SUSPECTS, False, "listed"),
+    # a distractor that shares a word with the gold, named beside it
+    ("Cobaltwick League or Frostfield League", ["Cobaltwick League"], ["Frostfield League"], False, "listed"),
+    # the gold alone, with or without a sentence around it
+    ("Tobin Hale", ["Tobin Hale"], _SUSPECTS, False, "correct"),
+    ("It was Tobin Hale who signed it.", ["Tobin Hale"], _SUSPECTS, False, "correct"),
+    # a distractor that contains the gold is no second candidate, named alone or twice
+    ("Tobin Hale Jr", ["Tobin Hale"], ["Tobin Hale Jr", "Iver Lund"], False, "correct"),
+    # a distractor inside the gold's own words is no second candidate either (also when the gold repeats)
+    ("Cobaltwick League", ["Cobaltwick League"], ["Cobaltwick", "Frostfield League"], False, "correct"),
+    ("Cobaltwick League, yes, Cobaltwick League", ["Cobaltwick League"], ["Cobaltwick"], False, "correct"),
+    # ... but named outside them it is one
+    ("Cobaltwick League or just Cobaltwick", ["Cobaltwick League"], ["Cobaltwick"], False, "listed"),
+    # without the gold, one or several distractors are a wrong binding as before
+    ("Maren Osk and Iver Lund", ["Tobin Hale"], _SUSPECTS, False, "distractor"),
+    # unanswerable items are unchanged: naming any candidate value (one or several) is a distractor
+    ("Maren Osk or Tobin Hale", ["I don't know"], ["Maren Osk", "Tobin Hale"], True, "distractor"),
+    ("I don't know", ["I don't know"], ["Maren Osk", "Tobin Hale"], True, "correct"),
+])
+def test_the_gold_among_other_candidates_is_listed(answer, golds, distractors, unans, expected):
+    assert classify(answer, golds, distractors, unanswerable=unans) == expected
+
+
+def test_listed_is_the_first_rule_and_a_failure_but_not_a_hallucination():
+    from kvroute.metrics.hallucination import HALLUCINATIONS, OUTCOMES
+
+    assert OUTCOMES == ("listed", "correct", "distractor", "abstained", "partial", "fabricated")
+    assert "listed" not in HALLUCINATIONS and set(HALLUCINATIONS) == {"distractor", "fabricated"}
+
+
 @dataclass
 class _Prompt:
     n_context: int

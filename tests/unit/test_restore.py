@@ -147,6 +147,39 @@ def test_the_restoration_table_counts_repairs_per_failure_class():
     assert restoration_table(_records().query("restore.isna()")).empty
 
 
+def test_a_restored_cell_that_lists_the_candidates_is_not_a_repair():
+    from kvroute.analysis.decomposition import failure_mask
+    from kvroute.analysis.restoration import pooled_restoration, restoration_pairs
+    from kvroute.metrics.hallucination import classify
+
+    gold, suspects = ["Tobin Hale"], ["Maren Osk", "Iver Lund"]
+    listed = classify("Maren Osk, Iver Lund and Tobin Hale", gold, suspects)
+    repaired = classify("Tobin Hale", gold, suspects)
+    df = _records()
+    answer = df["restore"].eq("answer")
+    # of the seven cells restore=answer repaired, two erasures (i0, i1) and the retained one (i6) now hedge
+    df.loc[answer & df["instance_id"].isin(["i0", "i1", "i6"]), "outcome"] = listed
+    df.loc[answer & df["instance_id"].isin(["i2", "i3", "i4", "i5"]), "outcome"] = repaired
+    t = restoration_table(df).set_index(["restore", "class"])
+    assert tuple(t.loc[("answer", "erasure"), ["failures", "repaired", "listed"]]) == (6, 4, 2)
+    assert tuple(t.loc[("answer", "retained"), ["failures", "repaired", "listed"]]) == (4, 0, 1)
+    assert tuple(t.loc[("answer", "all"), ["failures", "repaired", "listed"]]) == (10, 4, 3)
+    assert t.loc[("answer", "all"), "share"] == pytest.approx(0.4) and t.loc[("random", "all"), "listed"] == 0
+    pooled = pooled_restoration(df).set_index("restore")
+    assert tuple(pooled.loc["answer", ["repaired", "listed"]]) == (4, 3)
+    assert not restoration_pairs(df).query("listed")["repaired"].any()
+    # a compressed cell that lists is a failure in its own right: restoring the answer that fixes it repairs it
+    base = df["restore"].isna() & df["press"].eq("p") & df["instance_id"].eq("i7")
+    df.loc[base, "outcome"] = listed
+    assert failure_mask(df[base]).all()
+    df.loc[answer & df["instance_id"].eq("i7"), "outcome"] = repaired
+    t = restoration_table(df).set_index(["restore", "class"])
+    assert tuple(t.loc[("answer", "all"), ["failures", "repaired", "listed"]]) == (10, 5, 3)
+    # a full cache that lists is not right: that instance's failures are not compression's, and are left out
+    df.loc[df["press"].eq("none") & df["instance_id"].eq("i9"), "outcome"] = listed
+    assert restoration_table(df).set_index(["restore", "class"]).loc[("answer", "all"), "failures"] == 9
+
+
 def test_consensus_positions_are_each_layers_most_shared_argmax_after_the_sinks():
     from kvroute.presses.restore import consensus_positions
 

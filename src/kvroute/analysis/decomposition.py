@@ -1,6 +1,6 @@
 """Failure decomposition: erasure (the answer is gone) against rigidity (it survives, yet is not used).
 
-* A **failure** is a scored cell whose ``outcome`` is not ``correct`` (distractor, abstained,
+* A **failure** is a scored cell whose ``outcome`` is not ``correct`` (listed, distractor, abstained,
   partial or fabricated; see kvroute.metrics.hallucination). It is not an F1 threshold: a sentence
   answer that contains the gold ("She was born in Velkirra.", F1 ≈ 0.3–0.4) is correct. Cells
   without an outcome (e.g. cells that errored) are not scored and are left out.

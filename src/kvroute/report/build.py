@@ -172,7 +172,8 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                       _breakdown_tables(t)),
             h.section("decomposition", "5. Failure decomposition: erasure or rigidity?",
                       fig("fig-decomposition", lambda: fr.decomposition_figure(t.get("decomposition")),
-                          f"Failures (outcome other than correct: distractor, abstained, partial or fabricated) split "
+                          f"Failures (outcome other than correct: listed, distractor, abstained, partial or "
+                          f"fabricated) split "
                           f"into erasure (ger_all_layers ≥ {cfg.ger_threshold:g}), retained failures (the answer kept "
                           f"in some head) and failures whose GER is undefined (no answer occurrence in the context: "
                           f"unanswerable items, evidence 'none'), which are never counted as retained.",
@@ -470,7 +471,8 @@ def _restoration_table(r: pd.DataFrame | None, ger_threshold: float) -> str:
         "layers or some KV heads), decoded like any cell. Among the base cells that failed where the full cache "
         "answered correctly (the failures compression caused), by failure class "
         f"(erasure: ger_all_layers ≥ {ger_threshold:g}; retained; undefined GER), the share the restoration "
-        "repaired (the restored cell answers correctly), with Wilson 95% intervals over instances. A failure "
+        "repaired (the restored cell answers correctly; one that names the gold among other candidates — listed — "
+        "is not a repair and is counted apart), with Wilson 95% intervals over instances. A failure "
         "that restore=answer repairs was an erasure causally; a retained failure that restore=evidence does not "
         "repair is rigidity-like.")
     if r is None or r.empty:
@@ -479,8 +481,9 @@ def _restoration_table(r: pd.DataFrame | None, ger_threshold: float) -> str:
     r = r.copy()
     r["interval"] = [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(r["low"], r["high"], strict=True)]
     cols = [("model", "model"), ("press", "press"), ("ratio", "α"), ("restore", "restore"), ("class", "base failure"),
-            ("failures", "failures"), ("repaired", "repaired"), ("share", "share"), ("interval", "95% interval")]
-    return intro + h.table(r, cols)
+            ("failures", "failures"), ("repaired", "repaired"), ("listed", "listed (not repaired)"),
+            ("share", "share"), ("interval", "95% interval")]
+    return intro + h.table(r, [c for c in cols if c[0] in r.columns])
 
 
 def _rigidity_table(r: pd.DataFrame | None, missing: str) -> str:
