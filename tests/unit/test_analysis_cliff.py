@@ -27,7 +27,10 @@ def test_a_step_function_gives_its_step_as_alpha_star():
     assert 0.8 < c.alpha_star <= 0.85  # anywhere between the last 0 and the first 1 fits exactly
     assert c.alpha_star_low >= 0.8 and c.alpha_star_high <= 0.85
     assert c.alpha_chi_max == pytest.approx(0.825) and c.chi_max == pytest.approx(1 / 0.05)
-    assert c.safe_ratio == 0.8
+    # no instance changes below 0.85, yet 50 instances cannot show an excess ≤ 0.05 at 95%: 0 flips of 50
+    # leave an exact upper bound above 0.05 (Clopper–Pearson's would be 0.058); 100 instances can
+    assert c.safe_ratio == 0.0 and curves.excess_upper.iloc[1] > 0.05
+    assert cliff_tables(_records(lambda i, r: r >= 0.85, n=100), n_boot=50)[1].iloc[0].safe_ratio == 0.8
     np.testing.assert_allclose(curves.h, (GRID >= 0.85).astype(float))
 
 
@@ -82,7 +85,7 @@ def test_safe_ratio_on_a_hand_made_example():
     _, loose = cliff_tables(df, n_boot=500, delta=0.5)
     assert loose.iloc[0].safe_ratio == 0.8
     # with no ratio-0 cells there is no baseline to compare with
-    safe, _, why = safe_ratio(np.array([0.5, 0.7]), np.zeros((10, 2)))
+    safe, _, why = safe_ratio(np.array([0.5, 0.7]), np.zeros((10, 2)), np.ones((10, 2)))
     assert safe is None and "baseline" in why
     # the first compressed ratio already fails: only the baseline is safe
     df2 = _records(lambda i, r: r > 0 and i < 40, n=100, ratios=ratios)

@@ -29,8 +29,11 @@ the families — with the ratio-0 baseline attached (see :func:`~kvroute.analysi
   wording): a model-free estimate knows H only at the tested ratios, so it locates the crossing
   to the gap between two of them and no finer. ``alpha_half_gap`` is the gap holding the point
   estimate.
-* safe ratio: the largest tested α such that, for it *and every smaller ratio*, the one-sided
-  ``confidence`` upper bootstrap bound of the paired difference H(α) − H(0) is at most δ.
+* safe ratio: the largest tested α such that, for it *and every smaller ratio*, the paired
+  excess H(α) − H(0) is shown ≤ δ by an exact test on the discordant pairs
+  (:mod:`kvroute.analysis.excess`; size ≤ 1 − ``confidence`` at the margin, where a percentile
+  bootstrap bound was not). ``excess_upper`` is that test's exact upper bound. A certification,
+  not a ranking: presses are ranked by paired comparison (:mod:`kvroute.analysis.paired`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from kvroute.analysis.common import (
     pooled,
     require_columns,
 )
+from kvroute.analysis.excess import paired_excess
 from kvroute.analysis.sigmoid import (
     BELOW_GRID,
     BEYOND_GRID,
@@ -84,6 +88,8 @@ class CurveResult:
     half_reps: np.ndarray  # [n_boot]
     half_codes: np.ndarray  # [n_boot]
     monotone: np.ndarray  # [C] the monotone fit of H
+    sums: np.ndarray  # [I, C] per-instance sums of the value (the paired tests read them)
+    counts: np.ndarray  # [I, C] per-instance cell counts
 
 
 def monotone_fit(y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -248,30 +254,35 @@ def susceptibility(ratios: np.ndarray, h: np.ndarray) -> np.ndarray:
     return chi
 
 
-def safe_ratio(ratios: np.ndarray, reps: np.ndarray, *, delta: float = 0.05,
-               confidence: float = 0.95) -> tuple[float | None, np.ndarray, str]:
-    """The safe ratio from bootstrap replicates ``reps`` ``[n_boot, C]`` of H at ``ratios``.
+def safe_ratio(ratios: np.ndarray, sums: np.ndarray, counts: np.ndarray, *, delta: float = 0.05,
+               confidence: float = 0.95, bounds: bool = True) -> tuple[float | None, np.ndarray, str]:
+    """The safe ratio from instance ``sums``/``counts`` ``[I, C]`` of H at ``ratios`` (see the module docstring).
 
-    Returns ``(safe ratio or None, upper bound of H(α) − H(0) per ratio [C], explanation)``.
+    Each ratio's paired excess H(α) − H(0) over the instances with cells at both is tested by
+    :func:`~kvroute.analysis.excess.paired_excess` (exact on the discordant pairs). Returns
+    ``(safe ratio or None, upper bound of H(α) − H(0) per ratio [C], explanation)``; ``bounds=False``
+    leaves the bounds NaN (the decision does not need them).
     """
     ratios = np.asarray(ratios, float)
     if not 0 < delta < 1:
         raise AnalysisError(f"delta must be in (0, 1), got {delta}")
     base = np.flatnonzero(ratios == 0)
+    upper = np.full(len(ratios), np.nan)
     if base.size == 0:
-        return None, np.full(len(ratios), np.nan), "no ratio-0 baseline cells, so no safe ratio"
-    diff = reps - reps[:, [base[0]]]  # [n_boot, C] paired: same instances in both
-    with np.errstate(all="ignore"):
-        upper = np.nanquantile(diff, confidence, axis=0) if np.isfinite(diff).any() else np.full(len(ratios), np.nan)
-    safe = 0.0
-    for r, u in zip(ratios, upper, strict=True):
+        return None, upper, "no ratio-0 baseline cells, so no safe ratio"
+    with np.errstate(invalid="ignore", divide="ignore"):
+        h = np.where(counts > 0, sums / np.where(counts > 0, counts, 1.0), np.nan)  # [I, C]
+    safe, blocked, rules = 0.0, False, set()
+    for j, r in enumerate(ratios):
         if r == 0:
             continue
-        if not (np.isfinite(u) and u <= delta):
-            break
-        safe = float(r)
-    how = (f"largest α with the one-sided {confidence:.0%} upper bound of H(α) − H(0) ≤ {delta:g} "
-           f"at it and every smaller ratio")
+        shown, upper[j], rule = paired_excess(h[:, j], h[:, base[0]], delta, confidence, bound=bounds)
+        rules.add(rule)
+        blocked = blocked or not shown
+        if not blocked:
+            safe = float(r)
+    how = (f"largest α with H(α) − H(0) shown ≤ {delta:g} at {confidence:.0%} confidence at it and every smaller "
+           f"ratio ({'; '.join(sorted(rules)) or 'no compressed ratio'})")
     return safe, upper, how
 
 
@@ -310,7 +321,8 @@ def analyse_matrix(ratios: np.ndarray, sums: np.ndarray, counts: np.ndarray, wei
     if half_codes[0] == OK:
         half_reps, half_rep_codes, _ = halfway_crossing(ratios, reps, weights @ counts, min_amplitude=min_amplitude)
     return CurveResult(ratios, h, reps, len(sums), n_cells.astype(int), fit, alpha_reps, alpha_codes,
-                       float(half[0]) if half_codes[0] == OK else None, half_status, half_reps, half_rep_codes, mono[0])
+                       float(half[0]) if half_codes[0] == OK else None, half_status, half_reps, half_rep_codes, mono[0],
+                       sums, counts)
 
 
 def cliff_tables(df: pd.DataFrame, *, keys: Sequence[str] = CURVE_KEYS, value_col: str = "hallucinated",
@@ -348,7 +360,7 @@ def cliff_tables(df: pd.DataFrame, *, keys: Sequence[str] = CURVE_KEYS, value_co
             continue
         lo_ci, hi_ci = percentile_interval(res.reps, confidence)
         chi = susceptibility(res.ratios, res.h)
-        safe, upper, safe_how = safe_ratio(res.ratios, res.reps, delta=delta, confidence=confidence)
+        safe, upper, safe_how = safe_ratio(res.ratios, res.sums, res.counts, delta=delta, confidence=confidence)
         for j, r in enumerate(res.ratios):
             curve_rows.append({**k, "ratio": r, "h": res.h[j], "h_low": lo_ci[j], "h_high": hi_ci[j], "chi": chi[j],
                                "excess_upper": upper[j], "n_instances": res.n_instances, "n_cells": res.n_cells[j]})
