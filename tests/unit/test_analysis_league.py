@@ -54,40 +54,49 @@ def test_one_row_per_press_baseline_left_out(league):
     assert (league["family"] == "base").all() and (league["n_ratios"] == len(SPEC.ratios)).all()
 
 
-def test_league_orders_presses_by_safe_ratio_then_alpha_star(league):
+def test_league_orders_presses_by_paired_comparison(league):
     ranked = league[league["rank"].notna()]
-    assert list(ranked["rank"]) == list(range(1, len(ranked) + 1))
-    # the later planted cliff ranks above the earlier one (on 12 of 12 seeds: by safe ratio, or by α* on a tie)
-    order = [p for p in ranked["press"] if p in ("early+adakv", "late+adakv")]
-    assert order == ["late+adakv", "early+adakv"]
-    # here the press without a cliff in range is also safest (its safe ratio is the grid's top); on other
-    # seeds the safe ratio's bootstrap bound at 60 instances can call its noise unsafe — the rule, not the truth
+    # planted: no cliff in range < a cliff at 0.85 < a cliff at 0.6 in hallucination over the grid; 60 shared
+    # instances decide every pair, so the ranks are 1, 2, 3 and each row says whom it beats
     assert list(ranked["press"]) == ["flat+adakv", "late+adakv", "early+adakv"]
-    assert (np.diff(ranked["safe_ratio"].to_numpy(float)) <= 0).all()
+    assert list(ranked["rank"]) == [1, 2, 3]
+    assert (np.diff(ranked["area"].to_numpy(float)) > 0).all()
+    assert _row(league, "flat+adakv")["rank_text"] == "beats early+adakv, late+adakv"
+    assert _row(league, "early+adakv")["rank_text"] == "beaten by flat+adakv, late+adakv"
     for r in ranked.to_dict(orient="records"):
-        assert r["safe_ratio"] < PLANTED[r["press"]], r  # H at the safe ratio is within δ of the baseline
+        assert r["safe_ratio"] < PLANTED[r["press"]], r  # a certified ratio sits below the planted cliff
     assert league["press"].iloc[-1] == TINY  # the unranked row comes last
 
 
-def test_ranking_rule_on_hand_built_cliffs(store):
-    """Ties on the safe ratio go to the later α*; beyond the grid beats any midpoint; no cliff comes after;
-    a row with too few instances is unranked however good its numbers."""
+def test_tied_presses_share_a_rank(store):
+    """A copy of a press under another name cannot be told apart from it: one rank, each tied with the other."""
+    twin = store[store["press"] == "late+adakv"].assign(press="twin+adakv")
+    t = press_league(pd.concat([store, twin], ignore_index=True), n_boot=N_BOOT)
+    assert _row(t, "late+adakv")["rank"] == _row(t, "twin+adakv")["rank"] == 2
+    assert "tied with twin+adakv" in _row(t, "late+adakv")["rank_text"]
+    assert _row(t, "early+adakv")["rank"] == 4  # beaten by three presses
+
+
+def test_the_cliff_table_does_not_order_the_league(store):
+    """Hand-built cliffs that would invert the order (early press safest, latest α*) change the α* and safe-ratio
+    cells but not the ranks, which come from the paired comparison of the records; few instances stay unranked."""
     base = {"model": "llama-like", "regime": "agnostic", "family": "base", "n_instances": 60, "safe_ratio": 0.7,
             "alpha_star": None, "alpha_star_low": None, "alpha_star_high": None, "alpha_star_identified": None,
             "reason": "hand-built"}
     cliffs = pd.DataFrame([
         {**base, "press": "early+adakv", "status": "ok", "alpha_star": 0.6, "alpha_star_low": 0.55,
-         "alpha_star_high": 0.65, "alpha_star_identified": "identified"},
+         "alpha_star_high": 0.65, "alpha_star_identified": "identified", "safe_ratio": 0.9},
         {**base, "press": "late+adakv", "status": "beyond_grid"},
         {**base, "press": "flat+adakv", "status": "no_cliff"},
         {**base, "press": TINY, "status": "ok", "alpha_star": 0.9, "safe_ratio": 0.9, "n_instances": 4},
         {**base, "press": "none", "status": "ok", "alpha_star": 0.95, "safe_ratio": 0.95},  # the baseline: not ranked
     ])
     t = press_league(store, cliffs=cliffs, within=pd.DataFrame(), n_boot=20)
-    assert list(t["press"]) == ["late+adakv", "early+adakv", "flat+adakv", TINY]
+    assert list(t["press"]) == ["flat+adakv", "late+adakv", "early+adakv", TINY]
     assert t["rank"].tolist()[:3] == [1, 2, 3] and pd.isna(t["rank"].iloc[3])
     assert _row(t, "late+adakv")["alpha_star_text"] == "beyond the tested range: hand-built"
     assert _row(t, "early+adakv")["alpha_star_text"] == "0.600 [0.550, 0.650]"
+    assert _row(t, "early+adakv")["safe_ratio"] == 0.9
     assert _row(t, "early+adakv")["eviction_text"].startswith("– (no within-ratio GER test")
 
 
@@ -106,7 +115,6 @@ def test_no_cliff_in_range_is_said_in_words_not_as_a_number(league):
     r = _row(league, "flat+adakv")
     assert pd.isna(r["alpha_star"]) and r["cliff_status"] == "no_cliff"
     assert r["alpha_star_text"].startswith("no cliff in the tested range")
-    assert r["safe_ratio"] == max(SPEC.ratios)
 
 
 def test_a_press_with_too_few_instances_is_undecided_and_unranked(league):
@@ -128,8 +136,8 @@ def test_eviction_effect_is_the_within_ratio_link_of_each_press(league):
     # the synthetic GER is higher in hallucinated cells at every ratio: the link raises H, per press
     for press in ("early+adakv", "late+adakv"):
         r = _row(league, press)
-        assert r["eviction_verdict"] == "raises H" and r["eviction_or_per_tenth_low"] > 1, r
-        assert r["eviction_text"].startswith("raises H: OR per +0.1 GER")
+        assert r["eviction_verdict"].startswith("raises H") and r["eviction_or_per_tenth_low"] > 1, r
+        assert r["eviction_text"].startswith("raises H")
 
 
 def test_unmatched_grids_are_matched_before_ranking(store):

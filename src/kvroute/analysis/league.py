@@ -20,11 +20,20 @@ Every number comes from an estimator defined elsewhere; this module only lines t
   (families pooled): odds ratio per +0.1 GER and the Mantel–Haenszel ΔP(H) evicted − retained at
   the same ratio, with their instance-clustered intervals and the verdict.
 
-**Order.** Within (model, regime), decided rows by safe ratio (largest first), then α* (largest
-first; a midpoint beyond the grid counts as larger than any inside it, one below it as smaller, and
-a curve without a cliff comes after the ties with one). A row is *undecided* — no ``rank``, listed
-after the ranked rows, every cell saying why — when its curve has fewer than ``min_instances``
-instances or no safe ratio (no ratio-0 baseline). Numbers stay in the numeric columns for the
+**Order: paired comparison** (:mod:`kvroute.analysis.paired`). Within (model, regime), every
+pair of presses is compared on the instances both have at every matched ratio — the difference of
+the mean area under each instance's H(α), with a paired instance bootstrap, Holm-adjusted over the
+pairs — and ``rank`` = 1 + the number of presses that beat the row's press in a decided pair; presses
+that share a rank are tied (``rank_text`` names whom each beats, loses to and is tied with). Rows of
+one rank are listed by their area (``area``, smaller first), which orders nothing: it only lists.
+The safe ratio and α* no longer order the league: the safe ratio separates presses by two or three
+answers of 64 and its ties were broken by α*, which put the worse of two planted presses first in a
+third of the sets with answer churn; the paired rule ordered them right (planted league,
+:mod:`kvroute.analysis.planted.league`). The safe ratio stays as a **certification** column (an
+exact test whose size at the margin is ≤ 5%: :mod:`kvroute.analysis.excess`).
+
+A row is *undecided* — no ``rank``, listed after the ranked rows, every cell saying why — when its
+curve has fewer than ``min_instances`` instances. Numbers stay in the numeric columns for the
 record; the ``*_text`` columns are what a reader should quote.
 """
 
@@ -48,13 +57,15 @@ from kvroute.analysis.common import (
     require_columns,
 )
 from kvroute.analysis.correlation import GLOBAL_EVICTION_THRESHOLD, within_ratio_link
+from kvroute.analysis.paired import PAIR_COLUMNS, PAIRED_RULE, Standing, paired_comparisons, paired_ranks
 from kvroute.analysis.sigmoid import MIN_AMPLITUDE
 
 #: below this many instances a curve's α*, safe ratio and GER are not ranked ("undecided")
 MIN_LEAGUE_INSTANCES = 10
 
 LEAGUE_COLUMNS = ["model", "regime", "rank", "press", "family", "decided", "n_instances", "n_ratios", "ratios",
-                  "ratios_left_out", "grid_text", "cliff_status", "alpha_star", "alpha_star_low", "alpha_star_high",
+                  "ratios_left_out", "grid_text", "area", "rank_text",
+                  "cliff_status", "alpha_star", "alpha_star_low", "alpha_star_high",
                   "alpha_star_identified", "alpha_star_text", "safe_ratio", "safe_ratio_text", "ger_at_safe",
                   "ger_at_safe_low", "ger_at_safe_high", "ger_at_safe_instances", "ger_at_safe_text",
                   "eviction_verdict", "eviction_or_per_tenth", "eviction_or_per_tenth_low",
@@ -63,10 +74,11 @@ LEAGUE_COLUMNS = ["model", "regime", "rank", "press", "family", "decided", "n_in
 
 #: how the league is made, as stated in summary.json's settings
 LEAGUE_RULE = ("one row per (model, press, regime), families pooled, every press of a (model, regime) on the ratios "
-               "all of them were tested at; ranked by safe ratio (largest first), then α* (largest first; beyond the "
-               "grid above, below the grid under, no cliff after the ties); rows with fewer than {n} instances or no "
-               "safe ratio are undecided and unranked; GER at the safe ratio: mean ger with an instance-bootstrap "
-               "interval; eviction effect: the within-ratio GER–hallucination link of the press")
+               "all of them were tested at; ranked by paired comparison: " + PAIRED_RULE + "; rows of one rank listed "
+               "by mean area; rows with fewer than {n} instances are undecided and unranked; the safe ratio is a "
+               "certification column (exact test on the discordant pairs), not an order; GER at the safe ratio: "
+               "mean ger with an instance-bootstrap interval; eviction effect: the within-ratio GER–hallucination "
+               "link of the press")
 
 
 def _is_num(v: object) -> bool:
@@ -95,13 +107,14 @@ def matched_grids(data: pd.DataFrame, value_col: str = "hallucinated") -> pd.Dat
 def press_league(df: pd.DataFrame, *, cliffs: pd.DataFrame | None = None, within: pd.DataFrame | None = None,
                  delta: float = 0.05, n_boot: int = 1000, confidence: float = 0.95, seed: int = 0,
                  min_amplitude: float = MIN_AMPLITUDE, ger_threshold: float = GLOBAL_EVICTION_THRESHOLD,
-                 min_instances: int = MIN_LEAGUE_INSTANCES) -> pd.DataFrame:
+                 min_instances: int = MIN_LEAGUE_INSTANCES, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
     """The press league of the records ``df`` (one row per cell; see the module docstring).
 
     ``cliffs`` (the second table of :func:`cliff_tables`) and ``within`` (:func:`within_ratio_link`)
     are the run's own tables, reused when every press of a (model, regime) shares one ratio grid;
     they are computed here when missing (``within`` only when the records carry ``ger``) and
-    recomputed on the matched records when the grids differ. The other arguments are theirs.
+    recomputed on the matched records when the grids differ; ``pairs`` (:func:`league_pairs`) the
+    paired comparisons that rank the rows, computed here when missing. The other arguments are theirs.
     Returns a DataFrame with :data:`LEAGUE_COLUMNS`, sorted by model, regime and rank.
     """
     if min_instances < 2:
@@ -129,7 +142,25 @@ def press_league(df: pd.DataFrame, *, cliffs: pd.DataFrame | None = None, within
     ger = _ger_at_safe(data, rows, **boot)
     ev = None if within is None or within.empty else within[within["family"] == family]
     out = [_row(r, family, ger, ev, min_instances) for r in rows.to_dict(orient="records")]
-    return _ranked(pd.DataFrame(out, columns=[c for c in LEAGUE_COLUMNS if c != "rank"]))
+    if pairs is None:
+        pairs = league_pairs(data, n_boot=max(n_boot, 2000), confidence=confidence, seed=seed,
+                             min_instances=min_instances)
+    return _ranked(pd.DataFrame(out, columns=[c for c in LEAGUE_COLUMNS if c != "rank"]), pairs)
+
+
+def league_pairs(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
+                 min_instances: int = MIN_LEAGUE_INSTANCES) -> pd.DataFrame:
+    """The paired comparisons behind the league's order (:data:`~kvroute.analysis.paired.PAIR_COLUMNS`):
+    every pair of presses of a (model, regime), families pooled, on the ratios all of them were tested at."""
+    data = attach_baseline(df)
+    require_columns(data, ["hallucinated"], "the press league")
+    data = data[data["press"] != BASELINE_PRESS]
+    if data.empty:
+        return pd.DataFrame(columns=PAIR_COLUMNS)
+    grids = matched_grids(data)
+    ratios = {(m, r): list(g["matched"].iloc[0]) for (m, r), g in grids.groupby(["model", "regime"])}
+    return paired_comparisons(data, ratios=ratios, n_boot=n_boot, confidence=confidence, seed=seed,
+                              min_instances=min_instances)
 
 
 def _ger_at_safe(data: pd.DataFrame, rows: pd.DataFrame, *, n_boot: int, confidence: float,
@@ -171,7 +202,7 @@ def _row(c: dict[str, Any], family: str, ger: dict[tuple[str, ...], dict[str, An
         "alpha_star_identified": c.get("alpha_star_identified"), "safe_ratio": safe,
         "alpha_star_text": undecided or _alpha_text(c),
         "safe_ratio_text": undecided or _safe_text(safe),
-        "decided": not few and safe is not None,
+        "decided": not few,
     }
     g = ger.get(key) if safe else None
     out.update(ger_at_safe=_num(g["mean"]) if g else None, ger_at_safe_low=_num(g["ci_low"]) if g else None,
@@ -188,7 +219,7 @@ def _row(c: dict[str, Any], family: str, ger: dict[tuple[str, ...], dict[str, An
                eviction_text=undecided or _eviction_text(wr, ev is not None))
     notes = [undecided] if undecided else []
     if safe is None:
-        notes.append("no ratio-0 baseline cells, so no safe ratio to rank by")
+        notes.append("no ratio-0 baseline cells, so no safe ratio to certify")
     if c["left_out"]:
         notes.append(_grid_text(matched, c["left_out"]))
     out["note"] = "; ".join(n for n in notes if n) or None
@@ -251,33 +282,52 @@ def _eviction_text(w: dict[str, Any], has_link: bool) -> str:
     verdict = str(w.get("verdict"))
     o, olo, ohi = (_num(w.get(k)) for k in ("or_per_tenth", "or_per_tenth_low", "or_per_tenth_high"))
     d, dlo, dhi = (_num(w.get(k)) for k in ("risk_difference", "risk_difference_low", "risk_difference_high"))
-    odds = f"OR per +0.1 GER {o:.2f} [{olo:.2f}, {ohi:.2f}]" if None not in (o, olo, ohi) else None
-    rd = f"ΔP(H) evicted − retained {d:+.3f} [{dlo:+.3f}, {dhi:+.3f}]" if None not in (d, dlo, dhi) else None
+    odds = (f"OR per +0.1 GER within instance {o:.2f} [{_or_end(olo)}, {_or_end(ohi)}]"
+            if None not in (o, olo, ohi) else None)
+    rd = (f"between instances (confounded by difficulty) ΔP(H) evicted − retained {d:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+          if None not in (d, dlo, dhi) else None)
     if verdict in ("too few data", "no data"):
         return f"undecided ({verdict}): {w.get('note')}"
     if verdict.endswith("(separated)"):
-        return (f"{verdict}: GER separates H, so the odds ratio is held finite only by the ridge"
-                + (f"; {rd}" if rd else ""))
+        return (f"{verdict}: GER separates H within instance, so the point odds ratio is held finite only by the "
+                "ridge" + "".join(f"; {p}" for p in (odds, rd) if p))
     if verdict == "undecided":
         return "undecided: the interval spans no effect" + "".join(f"; {p}" for p in (odds, rd) if p)
     return verdict + (": " + "; ".join(p for p in (odds, rd) if p) if odds or rd else "")
 
 
-def _sort_alpha(r: pd.Series) -> float:
-    """α* as a sort key: beyond the grid above every midpoint, below it under; NaN (no cliff) last."""
-    status = str(r["cliff_status"])
-    if status.startswith("ok") and _is_num(r["alpha_star"]):
-        return float(r["alpha_star"])
-    return {"beyond_grid": np.inf, "below_grid": -np.inf}.get(status, np.nan)
+def _or_end(v: float | None) -> str:
+    return "open" if v is None or not np.isfinite(v) or v == 0 else f"{v:.2f}"
 
 
-def _ranked(t: pd.DataFrame) -> pd.DataFrame:
+def _ranked(t: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Rank the decided rows of each (model, regime) by the paired comparisons among them (see the module docstring)."""
     if t.empty:
         return t.reindex(columns=LEAGUE_COLUMNS)
-    t = t.assign(_safe=t["safe_ratio"].astype(float), _alpha=t.apply(_sort_alpha, axis=1),
-                 _undecided=~t["decided"].astype(bool))
-    t = t.sort_values(["model", "regime", "_undecided", "_safe", "_alpha", "press"],
-                      ascending=[True, True, True, False, False, True], na_position="last", kind="stable")
-    rank = t.groupby(["model", "regime"]).cumcount() + 1
-    t["rank"] = rank.where(t["decided"].astype(bool)).astype("Int64")
-    return t.drop(columns=["_safe", "_alpha", "_undecided"])[LEAGUE_COLUMNS].reset_index(drop=True)
+    t = t.assign(rank_text=t["rank_text"].astype(object), area=t["area"].astype(float))
+    rank: dict[int, int] = {}
+    for (model, regime), g in t.groupby(["model", "regime"], sort=False):
+        decided = g[g["decided"].astype(bool)]
+        p = pairs[(pairs["model"] == model) & (pairs["regime"] == regime)] if not pairs.empty else pairs
+        standing: dict[str, Standing] = paired_ranks(p, list(decided["press"]))
+        for i, press in decided["press"].items():
+            rank[i] = standing[press].rank
+            t.loc[i, "rank_text"] = standing[press].text
+        areas = _areas(p)
+        for i, press in g["press"].items():
+            t.loc[i, "area"] = areas.get(press)
+    t["rank"] = pd.Series(rank, dtype="Int64").reindex(t.index)
+    t = t.assign(_undecided=~t["decided"].astype(bool), _r=t["rank"].astype(float), _a=t["area"].astype(float))
+    t = t.sort_values(["model", "regime", "_undecided", "_r", "_a", "press"], na_position="last", kind="stable")
+    return t.drop(columns=["_undecided", "_r", "_a"])[LEAGUE_COLUMNS].reset_index(drop=True)
+
+
+def _areas(pairs: pd.DataFrame) -> dict[str, float]:
+    """Each press's mean area under H(α) over the common grid, from its comparison with the most shared instances."""
+    out: dict[str, tuple[int, float]] = {}
+    for r in pairs.to_dict(orient="records"):
+        for side in ("a", "b"):
+            press, area, n = r[f"press_{side}"], r[f"area_{side}"], int(r["n_shared"])
+            if _is_num(area) and n > out.get(press, (-1, 0.0))[0]:
+                out[press] = (n, float(area))
+    return {p: v for p, (_, v) in out.items()}

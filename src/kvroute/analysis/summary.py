@@ -198,7 +198,7 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                                 "hi = 1); an interval end that falls on a censored replicate is left open",
                      "safe_ratio_rule": f"largest α with the one-sided {cfg.confidence:.0%} bootstrap upper bound of "
                                         f"H(α) − H(0) ≤ δ={cfg.delta:g} at it and every smaller ratio",
-                     "press_league": LEAGUE_RULE.format(n=cfg.league_min_instances),
+                     "press_league": LEAGUE_RULE.format(n=cfg.league_min_instances, alpha=round(1 - cfg.confidence, 6)),
                      "globally_evicted": f"ger_all_layers ≥ {cfg.ger_threshold:g}",
                      "ger_link": "headline = within ratio: per (model, press, regime, family), logistic regression of "
                                  "hallucinated on the cell's ger with one intercept per ratio (ratio × family when "
@@ -209,7 +209,8 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                                  "ratios (one point per ratio): both curves rise with α, so it is confounded by α and "
                                  "kept only to compare with the paper's r = 0.79–0.93; p_h_given_evicted/retained are "
                                  "pooled over ratios too",
-                     "failure": "outcome other than 'correct' (distractor, abstained, partial or fabricated; not an "
+                     "failure": "outcome other than 'correct' (listed, distractor, abstained, partial or fabricated; "
+                                "not an "
                                 "F1 threshold); failures whose GER is undefined (ger_all_layers missing or "
                                 "evidence 'none') are the class 'undefined', never 'retained'",
                      "consensus": f"{CONSENSUS_COL}: distinct argmax keys / query heads at the last prompt token, "
