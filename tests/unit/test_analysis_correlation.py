@@ -12,6 +12,7 @@ from kvroute.analysis.correlation import (
     mh_risk_difference,
     within_ratio_link,
 )
+from kvroute.analysis.within_instance import within_instance_slopes
 
 
 def test_perfectly_correlated_series_give_r_one():
@@ -123,7 +124,7 @@ def test_confounded_null_has_a_high_pooled_r_but_no_within_ratio_effect():
     w = within_ratio_link(df, n_boot=300).iloc[0]
     assert w.verdict == "undecided" and "cannot decide" in w.note
     assert w.slope_low < 0 < w.slope_high and w.risk_difference_low < 0 < w.risk_difference_high
-    assert w.n_strata_fit == 5 and w.n_cells_fit == 750 and w.n_instances_fit == 150 and w.n_cells == 750
+    assert w.n_cells == 750 and w.n_instances_fit == w.n_strata_fit <= 150 and w.strata.startswith("instance")
 
 
 def test_within_ratio_effect_is_recovered():
@@ -132,20 +133,21 @@ def test_within_ratio_effect_is_recovered():
     assert w.verdict == "raises H" and w.slope_low < 3.0 < w.slope_high and w.slope_low > 0.5
     assert w.or_per_tenth == pytest.approx(np.exp(0.1 * w.slope))
     assert w.or_per_tenth_low < w.or_per_tenth < w.or_per_tenth_high
-    assert w.risk_difference_low > 0 and w.boot_valid == 1.0
+    assert w.risk_difference_low > 0 and w.boot_valid == 1.0 and w.boot_separated < 0.05
 
 
-def test_baseline_and_uninformative_strata_are_left_out():
+def test_baseline_and_uninformative_instances_are_left_out():
     df = _records(beta=2.0, n=80, seed=4)
-    df.loc[df.ratio == 0.5, "hallucinated"] = False  # no variation in H
-    df.loc[df.ratio == 0.7, "ger"] = 0.4  # no variation in GER
+    df.loc[df.instance_id == "i1", "hallucinated"] = False  # never hallucinates: no information on β
     df.loc[df.instance_id == "i0", "ger"] = np.nan  # undefined GER (no answer in the context)
     w = within_ratio_link(df, n_boot=50).iloc[0]
-    assert (w.n_strata, w.n_strata_fit, w.n_undefined) == (5, 3, 5)
-    assert w.n_cells == 5 * 79 and w.n_cells_fit == 3 * 79
-    kept = df[df.ratio.isin([0.8, 0.9, 0.95]) & df.ger.notna()]
-    b, _ = fit_stratified_logit(kept.hallucinated.to_numpy(float), kept.ger.to_numpy(), kept.ratio.to_numpy())
-    assert w.slope == pytest.approx(b[0])
+    assert w.n_undefined == 5 and w.n_cells == 5 * 79 and w.n_instances == 79
+    kept = df[(df.ratio > 0) & df.ger.notna()]
+    inst = pd.factorize(kept.instance_id)[0]
+    b, _, sets = within_instance_slopes(kept.ger.to_numpy(), kept.hallucinated.to_numpy(float), kept.ratio.to_numpy(),
+                                        inst, np.ones((1, inst.max() + 1)))
+    assert w.slope == pytest.approx(b[0]) and w.n_instances_fit == len(sets.informative) < 79
+    assert pd.factorize(kept.instance_id)[1].get_loc("i1") not in sets.informative
 
 
 def test_too_few_data_and_separation_are_said_plainly():
@@ -153,45 +155,40 @@ def test_too_few_data_and_separation_are_said_plainly():
     w = within_ratio_link(few, n_boot=50).iloc[0]
     assert w.verdict == "too few data" and "cannot decide" in w.note
     sep = _records(beta=0.0, n=60, seed=6)
-    sep["hallucinated"] = sep.ger > 0.5  # H is a step function of GER in every stratum
+    sep["hallucinated"] = sep.ger > 0.5  # H is a step function of GER inside every instance
     w = within_ratio_link(sep, n_boot=50).iloc[0]
     assert w.verdict == "raises H (separated)" and np.isfinite(w.slope)
+    assert w.slope_high == np.inf and w.or_per_tenth_high == np.inf and w.boot_separated > 0.5  # open, not the ridge's
+    assert "open" in w.note
     constant = _records(beta=2.0, n=30, seed=7).assign(hallucinated=False)
     w = within_ratio_link(constant, n_boot=50).iloc[0]
     assert w.verdict == "too few data" and w.slope is None and w.n_strata_fit == 0
 
 
-def test_bootstrap_resamples_instances_not_cells():
-    # the same cells twice: once as 6 cells per instance (one per ratio), once with a fresh instance per cell
+def test_one_cell_per_instance_cannot_inform_a_within_instance_slope():
+    # a fresh instance per cell: nothing to compare an instance with, however many cells
     one = _records(beta=2.0, n=100, seed=8, ratios=(0.9,))
     stacked = pd.concat([one.assign(ratio=r) for r in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)], ignore_index=True)
     fresh = stacked.assign(instance_id=stacked.instance_id + "-" + stacked.ratio.astype(str))
-    a, b = (within_ratio_link(d, n_boot=400).iloc[0] for d in (stacked, fresh))
-    assert a.slope == pytest.approx(b.slope)
-    assert (a.n_instances_fit, b.n_instances_fit) == (100, 600)
-    # an instance's 6 cells are one draw: its interval is about sqrt(6) times wider
-    assert (a.slope_high - a.slope_low) > 1.8 * (b.slope_high - b.slope_low)
-    assert (a.risk_difference_high - a.risk_difference_low) > 1.8 * (b.risk_difference_high - b.risk_difference_low)
+    w = within_ratio_link(fresh, n_boot=50).iloc[0]
+    assert w.verdict == "too few data" and w.n_instances_fit == 0
 
 
-def test_pooled_families_are_stratified_by_family_too():
-    # one ratio; family "hard" has high GER and high H, "easy" low and low; no effect inside either family
+def test_pooled_families_are_conditioned_on_by_the_instance():
+    # two ratios per instance; family "hard" has high GER and high H, "easy" low and low, no effect inside
     rng = np.random.default_rng(9)
     rows = []
     for fam, g0, p in (("hard", 0.7, 0.7), ("easy", 0.2, 0.2)):
         for i in range(200):
-            rows.append({"model": "m", "press": "p", "family": fam, "instance_id": f"{fam}{i}", "ratio": 0.8,
-                         "ger": float(np.clip(g0 + rng.normal(0, 0.15), 0, 0.99)), "ger_all_layers": 0.0,
-                         "hallucinated": bool(rng.random() < p)})
+            for r in (0.5, 0.8):
+                rows.append({"model": "m", "press": "p", "family": fam, "instance_id": f"{fam}{i}", "ratio": r,
+                             "ger": float(np.clip(g0 + rng.normal(0, 0.15), 0, 0.99)), "ger_all_layers": 0.0,
+                             "hallucinated": bool(rng.random() < p)})
     df = pd.DataFrame(rows)
     t = within_ratio_link(df, n_boot=300).set_index("family")
-    assert t.loc["all"].strata == "ratio × family" and t.loc["all"].n_strata_fit == 2
-    assert t.loc["all"].slope_low < 0 < t.loc["all"].slope_high
+    assert t.loc["all"].strata.startswith("instance") and t.loc["all"].slope_low < 0 < t.loc["all"].slope_high
     cond = conditional_hallucination(df.assign(ger_all_layers=(df.ger > 0.45).astype(float))).set_index("family")
-    assert cond.loc["all"].n_strata_both == 2 and cond.loc["all"].difference > 0.3  # pooled over families: confounded
-    assert abs(cond.loc["all"].difference_within_ratio) < 0.15
-    naive = within_ratio_link(df.assign(family="x"), n_boot=300).iloc[0]  # ratio strata only: confounded by family
-    assert naive.strata == "ratio" and naive.slope_low > 0
+    assert cond.loc["all"].n_strata_both == 4 and cond.loc["all"].difference > 0.3  # pooled over families: confounded
 
 
 def test_undefined_eviction_is_never_counted_as_retained():

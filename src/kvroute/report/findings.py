@@ -15,7 +15,9 @@ from kvroute.report import html as h
 
 
 def _n(v: Any, digits: int = 3) -> str:
-    return "–" if v is None or (isinstance(v, float) and v != v) else f"{v:.{digits}f}"
+    if v is None or (isinstance(v, float) and v != v):
+        return "–"
+    return "open" if isinstance(v, float) and (v in (float("inf"), float("-inf"))) else f"{v:.{digits}f}"
 
 
 def _ci(ci: Any, digits: int = 3) -> str | None:
@@ -45,11 +47,15 @@ def cliff_sentence(row: dict[str, Any]) -> str:
                                                           row.get("alpha_half_interval"),
                                                           row.get("alpha_half_identified"), 2))
     safe = row.get("safe_ratio")
-    parts.append(f"safe ratio {safe:g}" if safe is not None else "no safe ratio")
+    parts.append(f"certified safe ratio {safe:g}" if safe is not None else "no safe ratio")
     verdict = row.get("ger_within_verdict")
     if verdict is not None:
-        oci = _ci(row.get("ger_or_per_tenth_ci"), 2) or "[–, –]"
-        parts.append(f"evicting the answer at the same ratio: {verdict}, OR {_n(row.get('ger_or_per_tenth'), 2)} {oci}")
+        # an odds ratio's end of 0 or ∞ (None in summary.json) is open: separated replicates reach it
+        ci = row.get("ger_or_per_tenth_ci")
+        ci = [float("inf") if v is None or v == 0 else v for v in ci] if ci else ci
+        oci = _ci(ci, 2) or "[–, –]"
+        parts.append(f"evicting the answer, within instance at matched ratios: {verdict}, "
+                     f"OR {_n(row.get('ger_or_per_tenth'), 2)} {oci}")
     return "; ".join(parts)
 
 
