@@ -174,9 +174,10 @@ def test_report_has_the_press_league_right_after_the_cliff(report):
     assert ids.index("league") == ids.index("cliff") + 1 and '<a href="#league">' in html
     league = html[html.index('<section id="league">'):html.index('<section id="context">')]
     assert "matched budgets" in league and "Rows are ranked" in league.split("<table>")[0]  # how to read it, first
-    assert "<th>safe ratio</th>" in league and "<th>α* [95% CI]</th>" in league
+    assert "<th>certified safe ratio</th>" in league and "<th>α* [95% CI]</th>" in league
     assert ("<th>GER at the safe ratio [95% CI]</th>" in league
-            and "<th>eviction effect within ratio [95% CI]</th>" in league)
+            and "<th>eviction effect within instance [95% CI]</th>" in league
+            and "<th>paired comparisons</th>" in league)
     s = json.loads((path.parent / "summary.json").read_text())
     rows = s["press_league"]
     assert len(rows) == 2 * 3  # two models × three presses, the baseline not ranked
@@ -186,6 +187,8 @@ def test_report_has_the_press_league_right_after_the_cliff(report):
             assert esc(r[col]) in league, (col, r[col])
     for model in {r["model"] for r in rows}:
         mine = [r for r in rows if r["model"] == model]
-        assert [r["rank"] for r in mine] == [1, 2, 3]
-        safe = [r["safe_ratio"] for r in mine]
-        assert safe == sorted(safe, reverse=True)
+        ranks = [r["rank"] for r in mine]  # paired ranks: 1 + presses that beat it; ties share a rank
+        assert ranks[0] == 1 and ranks == sorted(ranks) and all(1 <= k <= 3 for k in ranks)
+        for r in mine:
+            assert r["rank"] == 1 + (r["rank_text"].split("beaten by ")[1].split(";")[0].count(",") + 1
+                                     if "beaten by" in r["rank_text"] else 0)

@@ -18,6 +18,14 @@ the families — with the ratio-0 baseline attached (see :func:`~kvroute.analysi
   upper bound (it could lie anywhere). Where a percentile falls on such a replicate that end of
   the interval is *open* (None, with ``alpha_star_identified`` saying which side) — never the
   grid's edge passed off as a bound.
+* **the reported interval** (``alpha_star_low``/``_high``, :func:`reported_interval`): the sigmoid's
+  own interval (kept as ``alpha_star_fit_low``/``_high``) assumes the logistic shape, and on other
+  shapes it narrows onto the wrong point — at 200 planted instances of a skewed α⁶ rise, a Gompertz or
+  a two-step cliff it covered the true halfway point in well under 80% of sets
+  (:mod:`kvroute.analysis.planted.cliff_shapes`). The table therefore reports the hull of the
+  sigmoid's interval and the model-free crossing's below, and says **cannot decide**
+  (``alpha_star_identified``) where they are disjoint (the curve is not sigmoid-shaped), where
+  either is missing, or where the hull spans more than :data:`MAX_ALPHA_WIDTH` of α.
 * ``α½`` (``alpha_half``): the model-free cross-check. A monotone (isotonic, pool-adjacent-
   violators, weighted by cell counts) fit ``m`` of H over the ratios; the linearly interpolated
   ratio where ``m`` crosses ``(m(α₀) + m(α_max)) / 2``, halfway between its baseline and its
@@ -221,6 +229,46 @@ def crossing_interval(values: np.ndarray, codes: np.ndarray, x: np.ndarray, conf
     return iv
 
 
+#: a reported α* interval wider than this (in α) decides nothing: the cliff table says "cannot decide"
+MAX_ALPHA_WIDTH = 0.35
+
+
+def reported_interval(sigmoid: dict[str, object] | None, crossing: dict[str, object] | None, *,
+                      max_width: float = MAX_ALPHA_WIDTH) -> tuple[dict[str, object] | None, str]:
+    """The α* interval the cliff table reports — what the sigmoid *and* the model-free crossing allow — and why not.
+
+    ``sigmoid`` is :func:`censored_interval` of the α* replicates, ``crossing`` the rounded-out
+    :func:`crossing_interval`. The sigmoid's own interval assumes the logistic shape; on curves of
+    other shapes (a skewed or Gompertz rise, a high baseline) it covers the true halfway point far
+    less than 95% of the time, while the crossing's holds (:mod:`kvroute.analysis.planted.cliff_shapes`).
+    So the reported interval is their hull (an end open in either is open). It is None — *cannot
+    decide* — where either is missing, where they are disjoint (the sigmoid's midpoint disagrees
+    with the model-free crossing: the curve is not sigmoid-shaped) or where the hull is wider than
+    ``max_width``; the second value says which ("" when there is an interval).
+    """
+    if sigmoid is None or crossing is None:
+        return None, ("no model-free crossing to check the sigmoid against" if sigmoid is not None
+                      else "no sigmoid midpoint")
+    lows = [sigmoid["low"], crossing["low"]]
+    highs = [sigmoid["high"], crossing["high"]]
+    s_lo, c_lo, s_hi, c_hi = (cast("float | None", v) for v in (*lows, *highs))
+    if (s_hi is not None and c_lo is not None and s_hi < c_lo) or (s_lo is not None and c_hi is not None
+                                                                    and s_lo > c_hi):
+        return None, (f"the sigmoid's interval [{_end(s_lo)}, {_end(s_hi)}] and the model-free crossing's "
+                      f"[{_end(c_lo)}, {_end(c_hi)}] are disjoint: the curve is not sigmoid-shaped")
+    low = None if None in lows else min(cast(float, v) for v in lows)
+    high = None if None in highs else max(cast(float, v) for v in highs)
+    if low is not None and high is not None and high - low > max_width:
+        return None, f"the interval [{low:.3f}, {high:.3f}] spans more than {max_width:g} of α"
+    state = "closed" if low is not None and high is not None else "open_above" if low is not None else (
+        "open_below" if high is not None else "open")
+    return {**sigmoid, "low": low, "high": high, "state": state}, ""
+
+
+def _end(v: float | None) -> str:
+    return "open" if v is None else f"{v:.3f}"
+
+
 def interval_statement(point: float | None, status: str, iv: dict[str, object], x: np.ndarray,
                        confidence: float, *, closed_note: str = "") -> tuple[str, str]:
     """``(identified, text)``: whether a midpoint and its interval are identified, and the interval in words.
@@ -390,18 +438,26 @@ def alpha_star_interval(alpha_reps: np.ndarray, confidence: float,
 def _fit_row(res: CurveResult, confidence: float) -> dict[str, object]:
     f = res.fit
     row: dict[str, object] = {"status": f.status, "reason": f.reason, "alpha_star": f.alpha_star,
-                              "alpha_star_low": None, "alpha_star_high": None, "boot_valid": None,
+                              "alpha_star_low": None, "alpha_star_high": None, "alpha_star_fit_low": None,
+                              "alpha_star_fit_high": None, "boot_valid": None,
                               "boot_no_cliff": None, "boot_below_grid": None, "boot_beyond_grid": None,
                               "lo": f.lo, "hi": f.hi, "k": f.k, "rmse": f.rmse}
     iv = censored_interval(res.alpha_reps, res.alpha_codes, confidence)
-    if f.ok:
-        row.update(alpha_star_low=iv["low"], alpha_star_high=iv["high"], boot_valid=iv["ok"],
-                   boot_no_cliff=iv["no_cliff"], boot_below_grid=iv["below_grid"], boot_beyond_grid=iv["beyond_grid"])
+    hv = crossing_interval(res.half_reps, res.half_codes, res.ratios, confidence)
     ident, text = interval_statement(f.alpha_star, f.status, iv, res.ratios, confidence)
+    if f.ok:
+        row.update(alpha_star_fit_low=iv["low"], alpha_star_fit_high=iv["high"], boot_valid=iv["ok"],
+                   boot_no_cliff=iv["no_cliff"], boot_below_grid=iv["below_grid"], boot_beyond_grid=iv["beyond_grid"])
+        rep, why = reported_interval(iv, hv if res.half is not None else None)
+        if rep is None:
+            ident, text = "cannot decide", f"cannot decide: {why}"
+        else:
+            ident, text = interval_statement(f.alpha_star, f.status, rep, res.ratios, confidence,
+                                             closed_note=" (what the sigmoid and the model-free crossing both allow)")
+            row.update(alpha_star_low=rep["low"], alpha_star_high=rep["high"])
     row.update(alpha_star_identified=ident, alpha_star_interval=text)
     if f.ok and ident != "identified":
         row["reason"] = f"{f.reason}; {text}"
-    hv = crossing_interval(res.half_reps, res.half_codes, res.ratios, confidence)
     h_ident, h_text = interval_statement(res.half, res.half_status, hv, res.ratios, confidence,
                                          closed_note=" (rounded out to the tested ratios)")
     gap = crossing_gap(res.half, res.ratios)

@@ -239,6 +239,8 @@ def _alpha_text(c: dict[str, Any]) -> str:
         if ident == "open_below" and hi is not None:
             return (f"{a:.3f} (open, {hi:.3f}]: the lower end is not identified "
                     f"({_share(c.get('boot_below_grid'))} of replicates below the grid)")
+        if ident == "cannot decide":
+            return f"{c.get('alpha_star_interval')} (the sigmoid's midpoint is {a:.3f})"
         return (f"undecided: the interval is open at both ends ({_share(c.get('boot_no_cliff'))} of replicates "
                 f"without a cliff), so the point estimate {a:.3f} says little")
     reason = str(c.get("reason") or "")

@@ -8,10 +8,11 @@ from kvroute.report import html as h
 
 #: (column, header) of the rendered league; the ``*_text`` columns say in words where the data cannot decide
 LEAGUE_TABLE_COLS = [("rank", "rank"), ("model", "model"), ("regime", "regime"), ("press", "press"),
+                     ("rank_text", "paired comparisons"), ("area", "mean H over the grid"),
                      ("n_instances", "instances"), ("grid_text", "matched ratio grid"),
-                     ("safe_ratio_text", "safe ratio"), ("alpha_star_text", "α* [95% CI]"),
+                     ("safe_ratio_text", "certified safe ratio"), ("alpha_star_text", "α* [95% CI]"),
                      ("ger_at_safe_text", "GER at the safe ratio [95% CI]"),
-                     ("eviction_text", "eviction effect within ratio [95% CI]")]
+                     ("eviction_text", "eviction effect within instance [95% CI]")]
 
 
 def league_howto(delta: float, confidence: float, min_instances: int) -> str:
@@ -19,19 +20,21 @@ def league_howto(delta: float, confidence: float, min_instances: int) -> str:
     return (
         "The routing view of the press leaderboard. One row per model, press and regime, families pooled; every press "
         "of a model is read on the same ratio grid (matched budgets: a ratio only some presses were tested at is left "
-        "out for all of them). Rows are ranked, per model and regime, by the safe ratio — the largest compression "
-        f"whose hallucination rate stays within δ = {delta:g} of the uncompressed one at {confidence:.0%} confidence — "
-        "best first, then by α*, where the hallucination cliff sits (later is better; a cliff beyond the tested range "
-        "ranks above any inside it, a curve without a cliff after its ties). α* is the fitted sigmoid midpoint with "
-        f"its {confidence:.0%} bootstrap interval over instances, as in the cliff table above. GER at the safe ratio "
-        "is the mean share of (layer, answer token) pairs evicted from every head at that ratio, with its "
-        "instance-bootstrap interval: how much of the answer a press already erases while it is still safe. The "
-        "eviction effect is the within-ratio test of section 3 for that press: the odds of hallucinating per +0.1 GER "
-        "and ΔP(H) between cells whose answer is globally evicted and cells that keep it, at the same ratio ('raises "
-        "H' only when the interval excludes no effect). Where the data cannot place a number the cell says so in words "
-        "— 'undecided', 'no cliff in the tested range', 'beyond the tested range', '–' where a quantity is undefined — "
-        f"and a press with fewer than {min_instances} instances is listed without a rank. Read a safe-ratio "
-        "difference of one grid step as a difference of one grid step: the safe ratio has no interval of its own.")
+        "out for all of them). Rows are ranked by paired comparison: every pair of presses is compared on the "
+        "instances both answered at every ratio of the grid — the difference of their mean hallucination over the "
+        f"grid (area under H(α)), with a paired bootstrap over instances, Holm-adjusted over the pairs at "
+        f"{confidence:.0%}. A press's rank is 1 + the number of presses that beat it, so presses the data cannot tell "
+        "apart share a rank; the 'paired comparisons' column names whom each beats, loses to and is tied with. The "
+        f"certified safe ratio is the largest compression whose hallucination rate is shown within δ = {delta:g} of "
+        f"the uncompressed one at {confidence:.0%} confidence, at it and every smaller ratio (an exact test on the "
+        "answers that change): a certificate, not an order. α* is the fitted sigmoid midpoint with the interval that "
+        "both the sigmoid and the model-free crossing allow ('cannot decide' where they disagree). GER at the safe "
+        "ratio is the mean share of (layer, answer token) pairs evicted from every head at that ratio, with its "
+        "instance-bootstrap interval. The eviction effect compares an instance only with itself: the odds of "
+        "hallucinating per +0.1 GER within instance at matched ratios ('raises H' only when the interval excludes no "
+        "effect; an end reached by separated replicates is 'open'). Where the data cannot place a number the cell "
+        "says so in words, and a press with fewer than "
+        f"{min_instances} instances is listed without a rank.")
 
 
 def league_html(league: pd.DataFrame | None, missing: str, *, delta: float, confidence: float,
@@ -41,4 +44,4 @@ def league_html(league: pd.DataFrame | None, missing: str, *, delta: float, conf
     if league is None or league.empty:
         return howto + h.note(missing)
     return howto + h.table(league, [c for c in LEAGUE_TABLE_COLS if c[0] in league.columns],
-                           text_columns=["alpha_star_text", "eviction_text"])
+                           text_columns=["rank_text", "alpha_star_text", "eviction_text"])
