@@ -369,28 +369,80 @@ def identity_probe(candidates: Sequence[np.ndarray], groups: Sequence[object] | 
     if not l2s:
         raise AnalysisError("l2 must name at least one strength")
     rng = np.random.default_rng(seed)
-    fold = _instance_folds(g, folds, rng)
     X, M = pad([candidate_features(m, bins) for m in mats])  # [N, C, K], [N, C]
+    inner = max(2, folds - 1)
     # one BLAS thread: these problems are tiny, and a threaded BLAS on a busy machine spends far
     # longer synchronising than computing (L-BFGS-B here took 4 s on an idle machine, 22–99 s busy)
     with _blas().limit(limits=1):
-        W = _fold_weights(X, M, g, fold, folds, l2s, nonnegative, max(2, folds - 1), rng)  # [folds, K]
-        null_folds = int((~(np.abs(W) > 1e-12).any(1)).sum())  # no readout beat chance: pure ties
-        credit = gold_credit(np.einsum("nck,fk->fnc", X, W), M)[fold, np.arange(len(mats))]  # [N]
+        credit, null_folds = _procedure(X, M, g, folds, l2s, nonnegative, inner, rng)
         untrained = gold_credit(pad([m[:, -1:] for m in mats])[0][..., 0], M)  # the last layer's argmax  [N]
-        lo, hi = _bootstrap_mean(credit, g, n_boot, confidence, rng)
+        # the interval over the whole procedure: folds, inner cross-validation, gate and fit in every replicate
+        reps = _procedure_bootstrap(X, M, g, folds, l2s, nonnegative, inner, min(n_boot, PROBE_BOOT), rng)
+        lo, hi = (float(v) for v in percentile_interval(reps, confidence))
         ulo, uhi = _bootstrap_mean(untrained, g, n_boot, confidence, rng)
+        # the chance line: the same procedure with the gold's label moved to a random candidate of each item
+        null = np.array([_procedure(*_permuted(X, M, rng), g, folds, l2s, nonnegative, inner, rng)[0].mean()
+                         for _ in range(PROBE_PERMUTATIONS)])
+    acc = float(credit.mean())
     p_chance = np.array([1.0 / m.shape[0] for m in mats])
     var = float((p_chance * (1 - p_chance)).sum())
     z = (credit.sum() - p_chance.sum()) / math.sqrt(var) if var > 0 else float("nan")
-    return {"accuracy": float(credit.mean()), "accuracy_low": lo, "accuracy_high": hi,
+    return {"accuracy": acc, "accuracy_low": lo, "accuracy_high": hi,
             "chance": float(p_chance.mean()), "p_value": float(0.5 * math.erfc(z / math.sqrt(2))),
+            "null_accuracy": float(null.mean()), "null_high": float(np.quantile(null, confidence)),
+            "p_permutation": float((1 + (null >= acc - 1e-12).sum()) / (len(null) + 1)),
             "untrained": float(untrained.mean()), "untrained_low": ulo, "untrained_high": uhi,
             "n": len(mats), "n_instances": len(uniq), "folds": folds, "null_folds": null_folds}
 
 
-IDENTITY_COLUMNS = ("accuracy", "accuracy_low", "accuracy_high", "chance", "p_value", "untrained", "untrained_low",
-                    "untrained_high", "n", "n_instances", "folds", "null_folds")
+#: below this many instances the identity probe cannot decide: on a planted readout of accuracy 0.65, its
+#: whole-procedure interval covered the truth in 78% of sets at 19 instances and in 92% at 64 (tests/unit)
+MIN_IDENTITY_INSTANCES = 30
+#: bootstrap replicates of the whole identity procedure (each refits every fold; the report's other intervals use more)
+PROBE_BOOT = 100
+#: label permutations of the identity procedure that make its chance line
+PROBE_PERMUTATIONS = 50
+
+
+def _procedure(X: np.ndarray, M: np.ndarray, g: np.ndarray, folds: int, l2s: Sequence[float], nonnegative: bool,
+               inner: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """The identity procedure on items ``X``/``M`` of instances ``g``: out-of-fold credit per item ``[N]`` and the
+    number of outer folds that abstained."""
+    fold = _instance_folds(g, folds, rng)
+    W = _fold_weights(X, M, g, fold, folds, l2s, nonnegative, inner, rng)  # [folds, K]
+    null_folds = int((~(np.abs(W) > 1e-12).any(1)).sum())  # no readout beat chance: pure ties
+    return gold_credit(np.einsum("nck,fk->fnc", X, W), M)[fold, np.arange(len(X))], null_folds
+
+
+def _procedure_bootstrap(X: np.ndarray, M: np.ndarray, g: np.ndarray, folds: int, l2s: Sequence[float],
+                         nonnegative: bool, inner: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Accuracy of the whole procedure on ``n_boot`` instance resamples ``[n_boot]``. A drawn instance brings all
+    its items; one drawn twice keeps one label, so its copies share a fold (no copy trains on its twin)."""
+    uniq, inv = np.unique(g, return_inverse=True)
+    items = [np.flatnonzero(inv == i) for i in range(len(uniq))]
+    out = np.full(n_boot, np.nan)
+    for b in range(n_boot):
+        draw = rng.integers(0, len(uniq), len(uniq))
+        if len(np.unique(draw)) < folds:
+            continue
+        idx = np.concatenate([items[i] for i in draw])
+        out[b] = _procedure(X[idx], M[idx], g[idx], folds, l2s, nonnegative, inner, rng)[0].mean()
+    return out
+
+
+def _permuted(X: np.ndarray, M: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Each item's candidates with a uniformly drawn real candidate moved to the gold's place (position 0)."""
+    Xp = X.copy()
+    n_real = M.sum(1)
+    pick = (rng.random(len(X)) * n_real).astype(int)  # [N] the candidate that becomes the "gold"
+    rows = np.arange(len(X))
+    Xp[rows, 0], Xp[rows, pick] = X[rows, pick], X[rows, 0]
+    return Xp, M
+
+
+IDENTITY_COLUMNS = ("accuracy", "accuracy_low", "accuracy_high", "chance", "p_value", "null_accuracy", "null_high",
+                    "p_permutation", "untrained", "untrained_low", "untrained_high", "n", "n_instances", "folds",
+                    "null_folds")
 
 
 #: the identity probe's inputs, preferred first: the whole-sequence lens (every distinct candidate), then
