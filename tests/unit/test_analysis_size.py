@@ -8,6 +8,7 @@ from kvroute.analysis.size import _expit, _logit, cliff_vs_size, target_label, z
 from kvroute.analysis.synthetic import SyntheticModel, SyntheticSpec, synthetic_records
 
 PARAMS = {"s": 10**8, "m": 10**9, "l": 10**10}
+FAMILY = {"s": "planted", "m": "planted", "l": "planted"}  # three sizes of one family
 RATIOS = (0.0, 0.25, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 
 
@@ -23,7 +24,7 @@ def _planted(slope: float, *, base: float = 0.7, n: int = 60, seed: int = 0) -> 
 
 def test_a_planted_rising_trend_is_recovered_with_its_projection():
     df, truth = _planted(0.5)
-    by_model, trends = cliff_vs_size(df, PARAMS, n_boot=300)
+    by_model, trends = cliff_vs_size(df, PARAMS, n_boot=300, families=FAMILY)
     assert len(trends) == 1
     t = trends.iloc[0]
     assert t["joint"]  # the same instances in every model: resampled jointly
@@ -41,7 +42,7 @@ def test_a_planted_rising_trend_is_recovered_with_its_projection():
 
 def test_a_flat_truth_reads_as_no_trend_not_as_a_size_effect():
     df, _ = _planted(0.0)
-    _, trends = cliff_vs_size(df, PARAMS, n_boot=300)
+    _, trends = cliff_vs_size(df, PARAMS, n_boot=300, families=FAMILY)
     t = trends.iloc[0]
     assert t["verdict"] == "no detectable trend", t["reason"]
     assert t["slope_low"] < 0 < t["slope_high"]
@@ -53,7 +54,7 @@ def test_planted_intervals_cover_the_true_slope_most_of_the_time():
     hits = []
     for seed in range(8):
         df, _ = _planted(0.4, n=40, seed=seed)
-        t = cliff_vs_size(df, PARAMS, n_boot=200)[1].iloc[0]
+        t = cliff_vs_size(df, PARAMS, n_boot=200, families=FAMILY)[1].iloc[0]
         hits.append(t["slope_low"] <= 0.4 <= t["slope_high"])
     assert sum(hits) >= 6, hits
 
@@ -72,12 +73,12 @@ def test_a_model_without_a_cliff_makes_the_trend_undecided():
     df, _ = _planted(0.5)
     df = df.copy()
     df.loc[df["model"] == "l", "hallucinated"] = False  # the largest model never fails: no α* to place
-    by_model, trends = cliff_vs_size(df, PARAMS, n_boot=100)
+    by_model, trends = cliff_vs_size(df, PARAMS, n_boot=100, families=FAMILY)
     assert by_model.set_index("model").loc["l", "status"] == "no_cliff"
     t = trends.iloc[0]
     assert t["n_models"] == 2 and t["verdict"] in ("rises with size", "cannot decide", "no detectable trend")
     df.loc[df["model"] == "m", "hallucinated"] = False
-    t = cliff_vs_size(df, PARAMS, n_boot=100)[1].iloc[0]
+    t = cliff_vs_size(df, PARAMS, n_boot=100, families=FAMILY)[1].iloc[0]
     assert t["verdict"] == "cannot decide" and "at least 2" in t["reason"]
 
 
@@ -93,9 +94,22 @@ def test_target_labels(n, label):
     assert target_label(n) == label
 
 
-def test_zoo_parameter_counts_are_the_loaded_ones():
+def test_zoo_parameter_counts_are_the_model_cards():
     p = zoo_params()
-    assert p["smollm2-135m"] == 134_515_008 and p["qwen2.5-1.5b"] == 1_777_088_000
+    assert p["smollm2-135m"] == 135_000_000 and p["qwen2.5-0.5b"] == 490_000_000
+    assert p["qwen2.5-1.5b"] == 1_540_000_000  # the loaded GGUF counts 1,777,088,000 (a separate output head)
+
+
+def test_two_sizes_or_mixed_families_are_no_size_trend():
+    # a real rise over three models, but of three families — or only two sizes of one: a difference of models
+    df, _ = _planted(0.5)
+    mixed = cliff_vs_size(df, PARAMS, n_boot=200)[1].iloc[0]
+    assert mixed["verdict"] == "cannot decide" and "difference of models" in mixed["reason"]
+    two = cliff_vs_size(df[df["model"] != "m"], PARAMS, n_boot=200, families=FAMILY)[1].iloc[0]
+    assert two["verdict"] == "cannot decide"
+    # the mutation: allow two sizes and the same two models read as a size trend
+    loose = cliff_vs_size(df[df["model"] != "m"], PARAMS, n_boot=200, families=FAMILY, min_family_sizes=2)
+    assert loose[1].iloc[0]["verdict"] == "rises with size"
 
 
 def test_families_pool_only_when_every_model_ran_the_same_instances():
@@ -105,14 +119,14 @@ def test_families_pool_only_when_every_model_ran_the_same_instances():
                          long_context_lengths=(), n_instances=30, ratios=RATIOS, base_alpha_star=0.7, k=60.0,
                          lo=0.02, hi=0.95, noise=0.1)
     df = synthetic_records(spec)
-    by_model, trends = cliff_vs_size(df, PARAMS, n_boot=100)
+    by_model, trends = cliff_vs_size(df, PARAMS, n_boot=300, families=FAMILY)
     assert set(trends["family"]) == {"base", "hops", "all"}
     pooled = trends.set_index("family").loc["all"]
     assert pooled["joint"] and pooled["verdict"] == "rises with size"
     assert (by_model[by_model["family"] == "all"]["n_instances"] == 60).all()
     # a model that ran other instances: its pooled curve would compare another family mix
     other = df[df["model"] == "l"].assign(instance_id=lambda d: d["instance_id"] + "-x")
-    _, trends = cliff_vs_size(pd.concat([df[df["model"] != "l"], other]), PARAMS, n_boot=100)
+    _, trends = cliff_vs_size(pd.concat([df[df["model"] != "l"], other]), PARAMS, n_boot=300, families=FAMILY)
     pooled = trends.set_index("family").loc["all"]
     assert pooled["verdict"] == "cannot decide" and "different instances" in pooled["reason"]
     assert trends.set_index("family").loc["base", "verdict"] == "rises with size"  # per family: still decided

@@ -13,9 +13,12 @@ Two ways to answer "fixed ratio or fixed budget?":
   budget, β = 1 a fixed ratio. Its percentile interval comes from refitting the slope on
   bootstrap replicates (each length bin resampled over its own instances).
 
-Verdict: ``fixed budget`` when the β interval contains 0 and excludes 1; ``fixed ratio`` when it
-contains 1 and excludes 0; ``between`` when it lies strictly inside (0, 1); otherwise
-``inconclusive``. At least ``min_lengths`` bins with a fitted α* are needed.
+Verdict, an equivalence test on β: ``fixed budget`` when the whole β interval lies within
+:data:`EQUIVALENCE_MARGIN` of 0, ``fixed ratio`` when it lies within the margin of 1 (an interval
+that merely *contains* 1, such as [0.51, 1.35], does not show a fixed ratio: it also allows a
+budget that grows half as fast as T); ``between`` when it lies strictly inside (0, 1) and
+outside both margins; otherwise ``inconclusive`` (the reason says which laws the interval still
+allows). At least ``min_lengths`` bins with a fitted α* are needed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from kvroute.analysis.bootstrap import percentile_interval
 from kvroute.analysis.cliff import alpha_star_interval, analyse_curve
 from kvroute.analysis.common import PRESS_KEYS, AnalysisError, as_key, attach_baseline, require_columns
 from kvroute.analysis.sigmoid import MIN_AMPLITUDE
+
+#: how close to 0 (fixed budget) or 1 (fixed ratio) the whole β interval must lie for either verdict
+EQUIVALENCE_MARGIN = 0.3
 
 LONG_CONTEXT = "long_context"
 
@@ -130,14 +136,16 @@ def _verdict(fitted: list[dict], reps_by_len: dict[int, np.ndarray], confidence:
     betas = np.array([_slope(np.log(t), np.log((1 - r) * t)) for r in reps[ok]])
     lo, hi = (float(v) for v in percentile_interval(betas, confidence))
     out.update(beta_low=lo, beta_high=hi)
-    has0, has1 = lo <= 0 <= hi, lo <= 1 <= hi
-    if has0 and not has1:
+    m = EQUIVALENCE_MARGIN
+    if -m <= lo and hi <= m:
         verdict, why = "fixed budget", "the cliff sits at a steady number of kept tokens across lengths"
-    elif has1 and not has0:
+    elif 1 - m <= lo and hi <= 1 + m:
         verdict, why = "fixed ratio", "the cliff sits at a steady compression ratio across lengths"
-    elif 0 < lo and hi < 1:
+    elif m < lo and hi < 1 - m:
         verdict, why = "between", "the critical budget grows with T, but less than proportionally"
     else:
-        verdict, why = "inconclusive", "the elasticity's interval does not separate the two laws"
+        allows = [name for name, v in (("a fixed budget", 0.0), ("a fixed ratio", 1.0)) if lo <= v <= hi]
+        verdict, why = "inconclusive", (f"the elasticity's interval is not within ±{m:g} of either law"
+                                        + (f" (it allows {' and '.join(allows)}, but also more)" if allows else ""))
     return {**out, "verdict": verdict,
             "reason": f"{why} (β = {out['beta']:.2f}, {confidence:.0%} CI {lo:.2f}–{hi:.2f})"}

@@ -18,9 +18,12 @@ fits it (same sigmoid, same edge rules). Across models:
   models, so a hard instance stays hard in every model; otherwise each model resamples its own.
   A replicate counts only when every model's α* is identified in it; ``boot_valid`` is that share,
   and below ``min_valid`` no interval is given (the verdict says the data cannot decide).
-* verdict: ``rises with size`` / ``falls with size`` when the slope's interval excludes 0,
-  ``no detectable trend`` when it contains 0, ``cannot decide`` when fewer than ``min_models``
-  models have an identified α* or too few replicates do.
+* verdict: ``rises with size`` / ``falls with size`` when the slope's interval excludes 0 *and* its
+  bootstrap p-value survives Holm's adjustment over the table's rows, ``no detectable trend``
+  otherwise, ``cannot decide`` when fewer than ``min_models`` models have an identified α*, too
+  few replicates do, or fewer than :data:`MIN_FAMILY_SIZES` of the models are sizes of one family
+  (two models — Qwen2.5-Coder-0.5B and -1.5B — are a difference of two models, and their interval
+  covers instance sampling only). Parameter counts are the model cards' (:func:`zoo_params`).
 * projection: the fitted line at each of ``targets`` parameters with its interval, and whether that
   interval contains the paper's α ≈ 0.9 (``paper_alpha``). An extrapolation beyond the largest model
   measured: it holds only if the trend stays log-linear, and it says so.
@@ -36,8 +39,11 @@ import pandas as pd
 from kvroute.analysis.bootstrap import instance_matrix, percentile_interval, resample_weights
 from kvroute.analysis.cliff import CurveResult, alpha_star_interval, analyse_matrix
 from kvroute.analysis.common import ALL, AnalysisError, as_key, attach_baseline, group_seed, pooled, require_columns
+from kvroute.analysis.paired import holm
 from kvroute.analysis.sigmoid import MIN_AMPLITUDE, OK
 
+#: sizes of one model family needed before a line through them is called a size trend
+MIN_FAMILY_SIZES = 3
 #: the paper's cliff on 3–14B models (its abstract: "near 90% compression")
 PAPER_ALPHA = 0.9
 #: parameter counts the trend is projected to (the paper's model sizes)
@@ -49,21 +55,29 @@ BY_MODEL_COLUMNS: tuple[str, ...] = ("model", "params", "n_instances", "status",
 
 
 def zoo_params() -> dict[str, int]:
-    """Parameter counts of the zoo's models by name (what a sweep's ``model`` column holds for them)."""
+    """Parameter counts of the zoo's models by name, as their model cards give them (the loaded GGUF may count a
+    separate output head: Qwen2.5-Coder-0.5B loads as 630M against its card's 0.49B)."""
     from kvroute.models.zoo import ZOO
 
-    return {name: int(entry.params) for name, entry in ZOO.items()}
+    return {name: int(entry.size) for name, entry in ZOO.items()}
+
+
+def zoo_families() -> dict[str, str]:
+    """The architecture of each zoo model by name: sizes compare only within one family."""
+    from kvroute.models.zoo import ZOO
+
+    return {name: entry.architecture for name, entry in ZOO.items()}
 
 
 def record_params(df: pd.DataFrame) -> dict[str, int]:
-    """Parameter counts by model: the records' ``model_params`` (written by every run since it was added), else the
-    zoo's for a zoo model."""
-    out = zoo_params()
+    """Parameter counts by model: the zoo's card count for a zoo model, else the records' ``model_params``
+    (written by every run since it was added)."""
+    out: dict[str, int] = {}
     if "model_params" in df.columns:
         counts = pd.to_numeric(df["model_params"], errors="coerce")
         for m, n in counts.groupby(df["model"]).max().dropna().items():
             out[str(m)] = int(n)
-    return out
+    return {**out, **zoo_params()}
 
 
 def _logit(a: np.ndarray) -> np.ndarray:
@@ -86,7 +100,8 @@ def cliff_vs_size(df: pd.DataFrame, params: Mapping[str, int] | None = None, *, 
                   value_col: str = "hallucinated", n_boot: int = 1000, confidence: float = 0.95, seed: int = 0,
                   targets: Sequence[float] = TARGETS, paper_alpha: float = PAPER_ALPHA, min_models: int = 2,
                   min_valid: float = 0.5, exclude_families: Sequence[str] = EXCLUDED_FAMILIES,
-                  min_amplitude: float = MIN_AMPLITUDE) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  min_amplitude: float = MIN_AMPLITUDE, families: Mapping[str, str] | None = None,
+                  min_family_sizes: int = MIN_FAMILY_SIZES) -> tuple[pd.DataFrame, pd.DataFrame]:
     """α* per model and its trend against the parameter count, per group of ``keys``.
 
     ``params`` maps a record's ``model`` to its parameter count (default: the records' ``model_params``, else the
@@ -162,7 +177,39 @@ def cliff_vs_size(df: pd.DataFrame, params: Mapping[str, int] | None = None, *, 
     by_model = pd.DataFrame(rows)
     if not by_model.empty:  # every column present even when no model could be fitted
         by_model = by_model.reindex(columns=[*keys, *BY_MODEL_COLUMNS])
-    return by_model, pd.DataFrame(trends)
+    fams = {**zoo_families(), **(families or {})}
+    return by_model, _decide(pd.DataFrame(trends), fams, min_family_sizes, 1 - confidence)
+
+
+def _decide(trends: pd.DataFrame, fams: Mapping[str, str], min_family_sizes: int, alpha: float) -> pd.DataFrame:
+    """The verdicts the data decide: a trend needs ``min_family_sizes`` sizes of one model family (two models are a
+    difference of two models, whatever their sizes), and "rises"/"falls" must survive Holm's adjustment over the
+    table's rows (the verdicts are many)."""
+    if trends.empty:
+        return trends
+    t = trends.copy()
+    p = pd.to_numeric(t.get("p_value"), errors="coerce") if "p_value" in t else pd.Series(np.nan, index=t.index)
+    ok = p.notna().to_numpy()
+    adj = np.full(len(t), np.nan)
+    if ok.any():
+        adj[ok] = holm(p[ok].to_numpy(float))
+    t["p_holm"] = adj
+    for i, r in t.iterrows():
+        names = [m.strip() for m in str(r.get("models") or "").split(",") if m.strip()]
+        by_family: dict[str, int] = {}
+        for m in names:
+            by_family[fams.get(m, m)] = by_family.get(fams.get(m, m), 0) + 1
+        most = max(by_family.values(), default=0)
+        if r["verdict"] in ("rises with size", "falls with size", "no detectable trend") and most < min_family_sizes:
+            t.loc[i, "verdict"] = "cannot decide"
+            t.loc[i, "reason"] = (f"{len(names)} models, at most {most} of one family: a line through them is a "
+                                  f"difference of models, not a size trend (at least {min_family_sizes} sizes of one "
+                                  f"family are needed); {r['reason']}")
+        elif r["verdict"] in ("rises with size", "falls with size") and not adj[t.index.get_loc(i)] <= alpha:
+            t.loc[i, "verdict"] = "no detectable trend"
+            t.loc[i, "reason"] = (f"the slope's interval excludes 0, but not after Holm's adjustment over the "
+                                  f"{int(ok.sum())} trend rows (p = {adj[t.index.get_loc(i)]:.3g}); {r['reason']}")
+    return t
 
 
 def target_label(n: float) -> str:
@@ -201,7 +248,9 @@ def _trend(results: Mapping[str, CurveResult], params: Mapping[str, int], *, con
                           f"(at least {min_valid:.0%} needed)"}
     rb0, rb1 = _line(x, _logit(reps[ok]))
     lo, hi = (float(v) for v in percentile_interval(rb1, confidence))
-    out.update(slope_low=lo, slope_high=hi)
+    out.update(slope_low=lo, slope_high=hi,
+               p_value=float(min(1.0, 2 * min((1 + (rb1 <= 0).sum()) / (len(rb1) + 1),
+                                              (1 + (rb1 >= 0).sum()) / (len(rb1) + 1)))))
     preds = _expit(rb0[:, None] + rb1[:, None] * tx[None, :])  # [B, targets]
     plo, phi = percentile_interval(preds, confidence)
     for j, t in enumerate(targets):

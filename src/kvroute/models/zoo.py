@@ -50,6 +50,12 @@ class ZooEntry:
     gguf_sha256: str
     gguf_size: int
     notes: str = ""
+    card_params: int | None = None  # the parameter count the model card states (what size comparisons use)
+
+    @property
+    def size(self) -> int:
+        """The parameter count to compare models by: the model card's, else the loaded count."""
+        return self.card_params or self.params
 
     @property
     def gguf_name(self) -> str:
@@ -98,6 +104,7 @@ ZOO.register("smollm2-135m", ZooEntry(
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     gguf_size=98_362_432,
     notes="Llama architecture, GQA 9/3. Fast; weak on harder tasks.",
+    card_params=135_000_000,  # model card: 135M
 ))
 
 ZOO.register("qwen2.5-0.5b", ZooEntry(
@@ -120,6 +127,7 @@ ZOO.register("qwen2.5-0.5b", ZooEntry(
     gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     gguf_size=491_400_064,
     notes="Qwen2 architecture, GQA 14/2. Answers simple in-context questions well.",
+    card_params=490_000_000,  # model card: 0.49B (the GGUF's separate output head makes 630M as loaded)
 ))
 
 ZOO.register("qwen2.5-1.5b", ZooEntry(
@@ -159,6 +167,7 @@ ZOO.register("qwen2.5-1.5b", ZooEntry(
     gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     gguf_size=1_117_320_768,
     notes="Stronger Qwen2 model for CPU users who want better answers (slower: ~450 ms/token).",
+    card_params=1_540_000_000,  # model card: 1.54B
 ))
 
 
