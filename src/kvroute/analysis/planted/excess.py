@@ -62,7 +62,8 @@ def coverage(n_sets: int = 200, seed: int = 0) -> list[dict]:
             rng = np.random.default_rng([seed, n, int(churn * 100)])
             sets = list(simulate(n_sets, n, DELTA + churn, churn, rng))
             ones = np.ones_like(sets[0])
-            exact = float(np.mean([safe_ratio(RATIOS, y, ones, delta=DELTA, bounds=False)[0] > 0 for y in sets]))
+            exact = float(np.mean([(safe_ratio(RATIOS, y, ones, delta=DELTA, bounds=False)[0] or 0.0) > 0
+                                   for y in sets]))
             mutant = float(np.mean([bootstrap_safe_ratio(y, rng) > 0 for y in sets]))
             rows.append({"estimator": "safe ratio (exact)", "parameter": "false certification at the margin",
                          "truth": DELTA, "n_sets": n_sets, "n_instances": n, "churn": churn, "mean_estimate": None,
