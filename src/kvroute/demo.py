@@ -129,103 +129,16 @@ def run_tickets(run_dir: Path, lm: LoadedModel, instances: Sequence[TaskInstance
 
 
 def findings(summary: dict[str, Any], seconds: float, sweep_seconds: float | None = None) -> list[str]:
-    """Plain-language headline findings from a report's summary.json.
+    """The report's headline findings (:func:`kvroute.report.findings.findings`, one writer for the report, the
+    console and the docs), one ``label: sentence`` line each, then the wall time."""
+    from kvroute.report.findings import findings_lines
 
-    Per (model, press): the sigmoid midpoint α* with its interval (or the statement of what is not
-    identified), the model-free halfway crossing beside it, the safe ratio, the within-ratio
-    GER–hallucination link (odds ratio per +0.1 GER, instance-clustered interval, verdict) and the
-    pooled r for comparison with the paper. Per model: the answer-identity probe from the full cache
-    to the top ratio, and the sink-free consensus trend.
-    """
-    lines = []
-    for row in summary.get("headline", []):
-        lines.append(f"{row['model']} · {row['press']}: " + "; ".join(_headline_parts(row)))
-    lines += _identity_lines(summary)
-    lines += _consensus_shapes(summary)
+    lines = [line.removeprefix("  • ") for line in findings_lines(summary)]
     line = f"wall time: {seconds / 60:.1f} min"
     if sweep_seconds is not None and sweep_seconds > seconds + 1:
         line += f" (this run resumed; the sweep's sessions took {sweep_seconds / 60:.1f} min in all)"
     lines.append(line)
     return lines
-
-
-def _num(v: Any, fmt: str = ".3f") -> str:
-    return "–" if v is None or (isinstance(v, float) and v != v) else format(v, fmt)
-
-
-def _headline_parts(row: dict[str, Any]) -> list[str]:
-    a, ci = row.get("alpha_star"), row.get("alpha_star_ci")
-    if a is None:
-        cliff = f"no cliff located ({row.get('cliff_status')})"
-    elif ci and None not in ci:
-        cliff = f"α* = {a:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
-    else:
-        cliff = f"α* = {a:.3f}, interval {row.get('alpha_star_interval') or 'not identified'}"
-    parts = [cliff]
-    if row.get("alpha_half") is not None:
-        hci = row.get("alpha_half_ci")
-        parts.append(f"halfway crossing {row['alpha_half']:.3f}"
-                     + (f" in [{hci[0]:.2f}, {hci[1]:.2f}]" if hci and None not in hci else
-                        f" {(row.get('alpha_half_interval') or 'not identified').split(':')[0]}"))
-    safe = row.get("safe_ratio")
-    parts.append(f"safe ratio {safe if safe is not None else '–'}")
-    if row.get("ger_within_verdict") is not None:
-        oci = row.get("ger_or_per_tenth_ci") or [None, None]
-        parts.append(f"within ratio, OR per +0.1 GER {_num(row.get('ger_or_per_tenth'), '.2f')} "
-                     f"[{_num(oci[0], '.2f')}, {_num(oci[1], '.2f')}] ({row['ger_within_verdict']})")
-    if row.get("ger_pearson_r") is not None:
-        parts.append(f"pooled r = {row['ger_pearson_r']:.2f} (confounded by α)")
-    return parts
-
-
-def _identity_lines(summary: dict[str, Any]) -> list[str]:
-    """Per model, the answer-identity probe at the full cache and at the top ratio, worst press first."""
-    by_model: dict[str, list[dict[str, Any]]] = {}
-    for row in summary.get("headline", []):
-        if row.get("identity_accuracy_baseline") is not None:
-            by_model.setdefault(row["model"], []).append(row)
-    out = []
-    for model, rows in sorted(by_model.items()):
-        r0 = rows[0]
-        ci0 = r0.get("identity_accuracy_baseline_ci") or [None, None]
-        line = (f"{model}: answer-identity probe {_num(r0['identity_accuracy_baseline'], '.2f')} "
-                f"[{_num(ci0[0], '.2f')}, {_num(ci0[1], '.2f')}] at the full cache (chance "
-                f"{_num(r0.get('identity_chance'), '.2f')})")
-        chance = r0.get("identity_chance")
-        if ci0[0] is not None and chance is not None and ci0[0] <= chance:
-            line += " — the interval includes chance: the probe cannot rank presses on this model"
-        tops = [r for r in rows if r.get("identity_accuracy_at_max_ratio") is not None]
-        if tops:
-            w = min(tops, key=lambda r: r["identity_accuracy_at_max_ratio"])
-            ci = w.get("identity_accuracy_at_max_ratio_ci") or [None, None]
-            line += (f"; lowest at α = {_num(w.get('identity_max_ratio'), 'g')}: {w['press']} "
-                     f"{w['identity_accuracy_at_max_ratio']:.2f} [{_num(ci[0], '.2f')}, {_num(ci[1], '.2f')}]")
-        out.append(line)
-    return out
-
-
-def _consensus_shapes(summary: dict[str, Any]) -> list[str]:
-    """Where each model's heads agree at the full cache, from the summary's ``consensus_trend`` table:
-    the sink-free per-head consensus over the first and last third of layers with its trend label, and
-    the GQA-aware (KV group) one, which is the value to compare across models."""
-    from kvroute.analysis.curves import CONSENSUS_COL, CONSENSUS_GROUP_COL, TREND_MEANING
-
-    picked: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in summary.get("consensus_trend") or []:
-        if float(r.get("ratio", 1)) == 0.0 and r.get("trend") is not None:
-            picked.setdefault(r["model"], {}).setdefault(r["measure"], r)  # the baseline: the same for every press
-    out = []
-    for model, by in sorted(picked.items()):
-        head, group = by.get(CONSENSUS_COL), by.get(CONSENSUS_GROUP_COL)
-        if head is None:
-            continue
-        line = (f"{model}: sink-free consensus {head['early']:.2f} in the first third of layers, {head['late']:.2f} "
-                f"in the last — {TREND_MEANING[head['trend']]}")
-        if group is not None:
-            line += (f"; over KV groups (the cross-model comparison) {group['early']:.2f} → {group['late']:.2f}, "
-                     f"{group['trend']}")
-        out.append(line)
-    return out
 
 
 def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, tickets: int = 2,

@@ -90,7 +90,8 @@ window.addEventListener('load', function () {
     scripts: document.scripts.length, text: document.body.innerText,
     scrolling_tables: boxes.filter(b => b.scrollWidth > b.clientWidth + 1).length, tables: boxes.length,
     findings: box(document.getElementById('findings')), findings_list: box(document.querySelector('ul.findings')),
-    cliff: box(document.querySelector('#fig-cliff img')),
+    cliff: box(document.querySelector('#findings figure img')),
+    cliff_id: (document.querySelector('#findings figure') || {}).id,
     first_section: (document.querySelector('section') || {}).id,
     last_section: Array.from(document.querySelectorAll('section')).pop().id,
   }));
@@ -306,7 +307,8 @@ def test_first_screen_shows_the_findings_and_the_cliff_figure(demo_like, tmp_pat
     screen = mpimg.imread(shot)[..., :3]  # [HEIGHT, WIDTH, 3] in [0, 1]
     assert screen.shape[:2] == (HEIGHT, WIDTH)
     # the cliff figure's own pixels are on the screen where the probe found its image
-    png = mpimg.imread(demo_like.parent / "figures" / "cliff.png")[..., :3]
+    assert state["cliff_id"] == "fig-cliff-caused"  # the opening figure: the hallucination compression causes
+    png = mpimg.imread(demo_like.parent / "figures" / "cliff-caused.png")[..., :3]
     top, left = round(c["top"] + c["border"]), round(c["left"] + c["border"])
     h, w = png.shape[:2]
     assert c["right"] - c["left"] - 2 * c["border"] == pytest.approx(w, abs=1)  # shown at its natural size

@@ -310,3 +310,46 @@ def test_crossing_interval_rounds_out_to_the_bracketing_ratios_and_keeps_open_en
     codes[-10:] = BEYOND_GRID
     iv = crossing_interval(np.full(100, 0.82), codes, x, 0.95)
     assert iv["state"] == "open_above" and iv["low"] == 0.8 and iv["high"] is None
+
+
+def test_the_caused_view_keeps_the_instances_right_uncompressed():
+    from kvroute.analysis.common import caused_view
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for i in range(120):
+        hard = i < 48  # 40% fail even with the full cache (and at every ratio)
+        thr = rng.uniform(0.6, 0.9)  # the others fail from their own threshold on
+        for r in RATIO_GRID:
+            fail = hard or (r > 0 and r >= thr)
+            rows.append({"model": "m", "press": "none" if r == 0 else "p", "instance_id": f"i{i}", "ratio": r,
+                         "hallucinated": fail, "outcome": "distractor" if fail else "correct"})
+    df = pd.DataFrame(rows)
+    caused = caused_view(df)
+    assert set(caused["instance_id"]) == {f"i{i}" for i in range(48, 120)}
+    curves, cliffs = cliff_tables(caused, n_boot=100)
+    all_curves, all_cliffs = cliff_tables(df, n_boot=100)
+    h = curves.set_index("ratio")["h"]
+    assert h[0.0] == 0 and h[0.98] == 1  # the whole amplitude: H(0) = 0 by construction
+    assert all_curves.set_index("ratio")["h"][0.0] == pytest.approx(0.4)  # the hard instances lift the baseline
+    # the halfway crossing of the caused curve sits at the median threshold, 0.75
+    assert abs(cliffs.iloc[0].alpha_half - 0.75) < 0.06
+    assert caused_view(df.drop(columns="outcome")).empty
+
+
+def test_a_wide_elasticity_interval_is_no_fixed_ratio():
+    # the review's case: β in [0.51, 1.35] contains 1 and excludes 0, yet also allows a budget growing half as
+    # fast as T; the equivalence margin makes it inconclusive (the mutation — "contains 1" — would call it fixed)
+    from kvroute.analysis import context
+
+    fitted = [{"T": t, "alpha_star": 0.8} for t in (256, 512, 1024)]
+    rng = np.random.default_rng(0)
+    # replicates whose β spreads over about [0.5, 1.35]: α* per length drawn so the kept budget scales as T^β
+    betas = rng.uniform(0.5, 1.35, 400)
+    t = np.array([256, 512, 1024], float)
+    reps = 1 - 0.2 * (t[None, :] / 512) ** (betas[:, None] - 1)
+    v = context._verdict(fitted, {int(x): reps[:, j] for j, x in enumerate(t)}, 0.95, 3)
+    assert v["beta_low"] < 0.6 and v["beta_high"] > 1.25
+    assert v["verdict"] == "inconclusive" and "fixed ratio" in v["reason"]
+    tight = 1 - 0.2 * (t[None, :] / 512) ** (rng.uniform(0.9, 1.1, 400)[:, None] - 1)
+    assert context._verdict(fitted, {int(x): tight[:, j] for j, x in enumerate(t)}, 0.95, 3)["verdict"] == "fixed ratio"

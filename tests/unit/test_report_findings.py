@@ -1,6 +1,6 @@
 """The report's opening sentences and its manifest list, on hand-built summary rows and manifests."""
 
-from kvroute.report.findings import cliff_sentence, findings, findings_html
+from kvroute.report.findings import cliff_sentence, findings, findings_html, findings_key_html
 from kvroute.report.manifest import manifest_html
 
 ROW = {"model": "m", "press": "snapkv", "regime": "agnostic", "alpha_star": 0.7123, "alpha_star_ci": [0.65, 0.78],
@@ -10,9 +10,16 @@ ROW = {"model": "m", "press": "snapkv", "regime": "agnostic", "alpha_star": 0.71
 
 
 def test_a_cliff_in_words_carries_each_interval():
-    assert cliff_sentence(ROW) == ("cliff at α* = 0.712 [0.650, 0.780]; halfway crossing 0.700 [0.50, 0.85]; "
-                                   "certified safe ratio 0.25; evicting the answer, within instance at matched "
-                                   "ratios: raises H, OR 2.25 [1.45, 11.35]")
+    assert cliff_sentence(ROW) == ("α* = 0.712 [0.650, 0.780]; halfway crossing 0.700 [0.50, 0.85]; "
+                                   "certified safe ratio 0.25; eviction within instance: raises H, "
+                                   "OR 2.25 [1.45, 11.35]")
+    # with the caused view in the summary, it leads, and every instance's α* follows, labelled
+    caused = {**ROW, "caused_n_instances": 19, "caused_alpha_star": 0.58, "caused_alpha_star_ci": None,
+              "caused_alpha_star_identified": "cannot decide", "caused_alpha_star_interval": "cannot decide: too wide",
+              "caused_alpha_half": 0.6, "caused_alpha_half_ci": [0.25, 0.8], "h_baseline": 0.69}
+    assert cliff_sentence(caused).startswith(
+        "caused by compression (19 instances right uncompressed): α* = 0.580, interval cannot decide, halfway "
+        "crossing 0.600 [0.25, 0.80]; all instances (H(0) = 0.69): α* = 0.712 [0.650, 0.780]; certified")
     # separated replicates leave an end of the odds ratio's interval open (0 or ∞), never a ridge-made number
     open_end = cliff_sentence({**ROW, "ger_or_per_tenth_ci": [1.45, float("inf")]})
     assert open_end.endswith("OR 2.25 [1.45, open]")
@@ -39,7 +46,8 @@ def test_findings_label_regimes_only_when_there_are_several_and_escape_names():
     labels = [label for label, _ in findings({"headline": rows})]
     assert labels == ["m · snapkv (agnostic)", "m · <b>p</b> (aware)"]
     page = findings_html({"headline": rows, "settings": {"delta": 0.1, "confidence": 0.9}})
-    assert "&lt;b&gt;p&lt;/b&gt;" in page and "<b>p</b>" not in page and "δ = 0.1" in page
+    assert "&lt;b&gt;p&lt;/b&gt;" in page and "<b>p</b>" not in page
+    assert "δ = 0.1" in findings_key_html({"headline": rows, "settings": {"delta": 0.1, "confidence": 0.9}})
     assert 'class="note"' in findings_html({"headline": [], "notes": {"cliff": "no compressed cells"}})
 
 
@@ -86,3 +94,31 @@ def test_size_and_length_findings_state_the_verdict_and_the_projection_against_t
     assert labels == ["α* against context length · m · p", "α* against model size · base · snapkv"]
     assert findings(summary) == []  # below the cliff figure, not in the opening list
     assert "How the cliff moves" in scaling_findings_html(summary) and scaling_findings_html({}) == ""
+
+
+def test_the_findings_command_prints_what_the_docs_quote(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvroute.cli import app
+    from kvroute.report.findings import findings_lines
+    from kvroute.report.league import league_markdown
+
+    summary = {"headline": [ROW], "press_league": [{"rank": 1, "press": "snapkv", "rank_text": "beats a|b",
+                                                    "area": 0.25, "safe_ratio_text": "0.25"}]}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    out = CliRunner().invoke(app, ["findings", str(path)])
+    assert out.exit_code == 0 and out.output.rstrip("\n").split("\n") == findings_lines(summary)
+    table = CliRunner().invoke(app, ["findings", str(path), "--league"])
+    assert table.output.rstrip("\n").split("\n") == league_markdown(summary["press_league"])
+    assert "beats a\\|b" in table.output and "| – |" in table.output  # escaped pipes; missing cells in words
+    kept = tmp_path / "kept.json"
+    big = {**summary, "cliff_curves": [{"ratio": r} for r in range(1000)]}  # tables the findings do not read
+    path.write_text(json.dumps(big))
+    CliRunner().invoke(app, ["findings", str(path), "--keep", str(kept)])
+    small = json.loads(kept.read_text())
+    assert "cliff_curves" not in small and findings_lines(small) == findings_lines(big)
+    bad = CliRunner().invoke(app, ["findings", str(tmp_path / "missing.json")])
+    assert bad.exit_code != 0 and "summary.json" in bad.output + str(bad.exception)  # the CLI main prints it

@@ -88,6 +88,24 @@ def attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(pieces, ignore_index=True)
 
 
+def caused_view(df: pd.DataFrame) -> pd.DataFrame:
+    """The records of the instances the model answers right with the full cache: hallucination *caused* by
+    compression (SCIENCE.md's headline view; H(0) = 0 by construction).
+
+    An instance counts when its uncompressed cell (``press == "none"``, or any press's ratio-0 cell) has
+    ``outcome == "correct"``, per (model, regime, seed); every cell of it is kept, the baseline included.
+    Instances that fail uncompressed — hard items, the model's own limits — say nothing about what
+    compression does and would flatten the cliff. Empty when the records carry no ``outcome``.
+    """
+    if "outcome" not in df.columns:
+        return df.iloc[0:0]
+    keys = ["model", "instance_id", "seed"]
+    base = with_defaults(df)
+    base = base[base["ratio"] == 0]
+    right = base[base["outcome"] == "correct"][keys].drop_duplicates()
+    return with_defaults(df).merge(right, on=keys, how="inner")
+
+
 def pooled(df: pd.DataFrame) -> pd.DataFrame:
     """The records plus a copy labelled ``family="all"`` (when there is more than one family)."""
     if df["family"].nunique() <= 1:

@@ -309,7 +309,8 @@ def _within_one(g: pd.DataFrame, by_family: bool, has_ev: bool, *, n_boot: int, 
     if slope is not None:
         out.update(slope=slope, or_per_tenth=float(np.exp(0.1 * slope)))
         # a separated replicate's slope is set by the ridge: its maximum-likelihood value is ±∞ that way
-        bs = np.where(sep_all[1:], np.sign(bs_all[1:]) * np.inf, bs_all[1:])
+        b1, s1 = bs_all[1:], sep_all[1:]
+        bs = np.where(s1 & (b1 > 0), np.inf, np.where(s1 & (b1 < 0), -np.inf, b1))
         out["boot_valid"] = float(np.isfinite(bs_all[1:]).mean())
         out["boot_separated"] = float(sep_all[1:].mean())
         ok = ~np.isnan(bs)

@@ -377,12 +377,12 @@ def identity_probe(candidates: Sequence[np.ndarray], groups: Sequence[object] | 
         credit, null_folds = _procedure(X, M, g, folds, l2s, nonnegative, inner, rng)
         untrained = gold_credit(pad([m[:, -1:] for m in mats])[0][..., 0], M)  # the last layer's argmax  [N]
         # the interval over the whole procedure: folds, inner cross-validation, gate and fit in every replicate
-        reps = _procedure_bootstrap(X, M, g, folds, l2s, nonnegative, inner, min(n_boot, PROBE_BOOT), rng)
+        reps = _procedure_bootstrap(X, M, g, folds, l2s, nonnegative, inner, _probe_reps(n_boot), rng)
         lo, hi = (float(v) for v in percentile_interval(reps, confidence))
         ulo, uhi = _bootstrap_mean(untrained, g, n_boot, confidence, rng)
         # the chance line: the same procedure with the gold's label moved to a random candidate of each item
         null = np.array([_procedure(*_permuted(X, M, rng), g, folds, l2s, nonnegative, inner, rng)[0].mean()
-                         for _ in range(PROBE_PERMUTATIONS)])
+                         for _ in range(_probe_reps(n_boot, permutations=True))])
     acc = float(credit.mean())
     p_chance = np.array([1.0 / m.shape[0] for m in mats])
     var = float((p_chance * (1 - p_chance)).sum())
@@ -398,10 +398,17 @@ def identity_probe(candidates: Sequence[np.ndarray], groups: Sequence[object] | 
 #: below this many instances the identity probe cannot decide: on a planted readout of accuracy 0.65, its
 #: whole-procedure interval covered the truth in 78% of sets at 19 instances and in 92% at 64 (tests/unit)
 MIN_IDENTITY_INSTANCES = 30
-#: bootstrap replicates of the whole identity procedure (each refits every fold; the report's other intervals use more)
+#: bootstrap replicates of the whole identity procedure at the report's default ``n_boot`` of 1000 (each refits
+#: every fold, so the probe uses ``n_boot / 10`` of them; at least 10)
 PROBE_BOOT = 100
-#: label permutations of the identity procedure that make its chance line
+#: label permutations of the identity procedure that make its chance line (``n_boot / 20``; at least 10)
 PROBE_PERMUTATIONS = 50
+
+
+def _probe_reps(n_boot: int, *, permutations: bool = False) -> int:
+    """How many times the whole procedure is rerun for the interval (or the permutation null) at ``n_boot``."""
+    cap, share = (PROBE_PERMUTATIONS, 20) if permutations else (PROBE_BOOT, 10)
+    return max(10, min(cap, n_boot // share))
 
 
 def _procedure(X: np.ndarray, M: np.ndarray, g: np.ndarray, folds: int, l2s: Sequence[float], nonnegative: bool,

@@ -18,7 +18,15 @@ import pandas as pd
 
 from kvroute import __version__
 from kvroute.analysis.cliff import cliff_tables
-from kvroute.analysis.common import ALL, PRESS_KEYS, AnalysisError, has_columns, jsonable, with_defaults
+from kvroute.analysis.common import (
+    ALL,
+    PRESS_KEYS,
+    AnalysisError,
+    caused_view,
+    has_columns,
+    jsonable,
+    with_defaults,
+)
 from kvroute.analysis.compare import selection_comparison
 from kvroute.analysis.context import LONG_CONTEXT, cliff_vs_length
 from kvroute.analysis.correlation import conditional_hallucination, ger_hallucination_correlation, within_ratio_link
@@ -122,6 +130,11 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
     section("cliff", ["hallucinated"], lambda: dict(zip(
         ("cliff_curves", "cliffs"),
         cliff_tables(df, delta=cfg.delta, min_amplitude=cfg.min_amplitude, **boot), strict=True)))
+    # the headline view: hallucination caused by compression, among the instances right uncompressed
+    section("cliff_caused", ["hallucinated", "outcome"], lambda: dict(zip(
+        ("cliff_curves_caused", "cliffs_caused"),
+        cliff_tables(_nonempty(caused_view(df)), delta=cfg.delta, min_amplitude=cfg.min_amplitude, **boot),
+        strict=True)))
     if (df["family"] == cfg.long_context_family).any():
         section("context_length", ["hallucinated", "context_tokens"], lambda: dict(zip(
             ("length_cliffs", "length_verdicts"),
@@ -243,6 +256,32 @@ def _first(t: pd.DataFrame, col: str) -> Any:
     return t[col].iloc[0] if not t.empty and col in t.columns else None
 
 
+def _nonempty(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        raise AnalysisError("no instance is answered right with the full cache")
+    return df
+
+
+def _caused_headline(c: pd.DataFrame) -> dict[str, Any]:
+    """The caused view's numbers for one headline row (families pooled)."""
+    if c.empty:
+        return {"caused_n_instances": 0}
+    r = c.iloc[0]
+    return {"caused_n_instances": int(r.get("n_instances") or 0), "caused_alpha_star": _opt(r.get("alpha_star")),
+            "caused_alpha_star_ci": ([r.get("alpha_star_low"), r.get("alpha_star_high")]
+                                     if r.get("alpha_star_identified") == "identified" else None),
+            "caused_alpha_star_identified": r.get("alpha_star_identified"),
+            "caused_alpha_star_interval": r.get("alpha_star_interval"), "caused_cliff_status": r.get("status"),
+            "caused_alpha_half": _opt(r.get("alpha_half")),
+            "caused_alpha_half_ci": ([r.get("alpha_half_low"), r.get("alpha_half_high")]
+                                     if r.get("alpha_half_identified") == "identified" else None),
+            "caused_alpha_half_interval": r.get("alpha_half_interval")}
+
+
+def _opt(v: Any) -> Any:
+    return None if v is None or (isinstance(v, float) and v != v) else v
+
+
 def _headline(tables: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
     """One row per (model, press, regime): the numbers a reader looks for first, families pooled."""
     cliffs = tables.get("cliffs")
@@ -267,7 +306,7 @@ def _headline(tables: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
         ident_safe = ident[ident["ratio"] == safe] if not ident.empty and safe is not None else pd.DataFrame()
         ident_max = ident[ident["ratio"] == ident["ratio"].max()] if not ident.empty else ident
         rows.append({
-            **fam, "alpha_star": c.get("alpha_star"),
+            **fam, **_caused_headline(_pick(tables.get("cliffs_caused"), fam)), "alpha_star": c.get("alpha_star"),
             # an interval only where both ends are identified; otherwise the statement says what is not
             "alpha_star_ci": ([c.get("alpha_star_low"), c.get("alpha_star_high")]
                               if c.get("alpha_star_identified") == "identified" else None),
@@ -295,6 +334,9 @@ def _headline(tables: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
             "identity_accuracy_baseline": _first(ident0, "accuracy"),
             "identity_accuracy_baseline_ci": [_first(ident0, "accuracy_low"), _first(ident0, "accuracy_high")],
             "identity_chance": _first(ident0, "chance"),
+            "identity_null_baseline": _first(ident0, "null_accuracy"),
+            "identity_null_high_baseline": _first(ident0, "null_high"),
+            "identity_n_instances_baseline": _first(ident0, "n_instances"),
             "identity_untrained_baseline": _first(ident0, "untrained"),
             "identity_accuracy_at_safe_ratio": _first(ident_safe, "accuracy"),
             "identity_max_ratio": _first(ident_max, "ratio"),

@@ -33,3 +33,29 @@ def report(
     path = build_run_report(run, out, title=title, config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
                             progress=RichProgress())
     console.print(f"[green]wrote[/green] {path} (+ summary.json, figures/) in {time.perf_counter() - t0:.1f} s")
+
+
+@app.command("findings")
+def findings_cmd(
+    summary: Annotated[Path, typer.Argument(help="A report's summary.json (RUN_DIR/report/summary.json).")],
+    league: Annotated[bool, typer.Option("--league", help="Print the press league as a Markdown table "
+                                                          "instead.")] = False,
+    keep: Annotated[Path | None, typer.Option("--keep", help="Also write the part of the summary the findings are "
+                                                             "written from to this file (for docs that quote "
+                                                             "them).")] = None,
+) -> None:
+    """Print a finished report's headline findings (or its press league), as the docs quote them."""
+    import json
+
+    from kvroute.errors import KvrouteError
+    from kvroute.report.findings import findings_lines, findings_summary
+    from kvroute.report.league import league_markdown
+
+    try:
+        data = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise KvrouteError(f"cannot read {summary} as a report's summary.json: {e}") from e
+    for line in league_markdown(data.get("press_league") or []) if league else findings_lines(data):
+        typer.echo(line)
+    if keep is not None:
+        keep.write_text(json.dumps(findings_summary(data), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -21,7 +21,7 @@ from kvroute.report import figures_cliff as fc
 from kvroute.report import figures_extra as fx
 from kvroute.report import figures_routing as fr
 from kvroute.report import html as h
-from kvroute.report.findings import findings_html, scaling_findings_html
+from kvroute.report.findings import findings_html, findings_key_html, scaling_findings_html
 from kvroute.report.heatmap import SurvivalExample, survival_figure
 from kvroute.report.league import league_html
 from kvroute.report.manifest import manifest_html
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 #: every figure the report can hold: (element id, section heading)
 FIGURES: tuple[tuple[str, str], ...] = (
+    ("fig-cliff-caused", "Hallucination caused by compression"),
     ("fig-cliff", "Hallucination cliff"),
     ("fig-context", "α* against context length"),
     ("fig-size", "α* against model size"),
@@ -99,7 +100,15 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                          "bands over instances; the dotted curve is the fitted sigmoid, the vertical line α*, the "
                          "shaded span its interval (hatched where one end is not identified), the dashed line the "
                          "monotone cross-check α½, ▲ the safe ratio.")
+        caused_caption = ("H(α) among the instances the model answers right with the full cache — the hallucination "
+                          "compression causes — one panel per press, with 95% bootstrap bands over those instances; "
+                          "in grey every instance's H(α) and its uncompressed rate (dotted); the dashed line is the "
+                          "model-free halfway crossing, shaded where its interval is decided.")
         opening = h.section("findings", "Findings", findings_html(s),
+                            fig("fig-cliff-caused", lambda: fc.caused_cliff_figure(
+                                t.get("cliff_curves_caused"), t.get("cliff_curves"), t.get("cliffs_caused")),
+                                caused_caption, why("cliff_caused")),
+                            findings_key_html(s),
                             fig("fig-cliff", lambda: fc.cliff_figure(t.get("cliff_curves"), t.get("cliffs")),
                                 cliff_caption, why("cliff")),
                             scaling_findings_html(s))

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kvroute.analysis.cliff import MAX_ALPHA_WIDTH
 from kvroute.analysis.sigmoid import sigmoid
 from kvroute.report.render import MAX_PANELS, color_map, panels, plain_label, short
 
@@ -67,6 +68,59 @@ def cliff_figure(curves: pd.DataFrame, cliffs: pd.DataFrame, *, family: str = "a
     # two lines: one would be wider than a one-panel figure (constrained layout does not shrink a suptitle)
     fig.suptitle(f"Hallucination cliff ({plain_label(fam)})\nband = 95% bootstrap CI, vertical line = α*, "
                  f"shaded = its CI (hatched = open-ended), dashed = monotone α½, ▲ = safe ratio", fontsize=10)
+    return fig
+
+
+def caused_cliff_figure(caused: pd.DataFrame, curves: pd.DataFrame, cliffs_caused: pd.DataFrame, *,
+                        family: str = "all") -> Figure | None:
+    """The opening figure: one small panel per (model, press) — H(α) among the instances right uncompressed (the
+    hallucination compression causes, 0 at α = 0) with its 95% band, every instance's H(α) in grey beside it, the
+    uncompressed rate marked, and the caused curve's halfway crossing with its interval where the data decide it."""
+    if caused is None or caused.empty:
+        return None
+    fam = family if (caused["family"] == family).any() else caused["family"].iloc[0]
+    cur = caused[caused["family"] == fam]
+    allc = curves[curves["family"] == fam] if curves is not None and not curves.empty else pd.DataFrame()
+    fits = (cliffs_caused[cliffs_caused["family"] == fam] if cliffs_caused is not None and not cliffs_caused.empty
+            else pd.DataFrame())
+    keys = sorted({(m, p, r) for m, p, r in zip(cur["model"], cur["press"], cur["regime"], strict=True)})[:MAX_PANELS]
+    colors = color_map(sorted(cur["press"].unique()))
+    with_model = cur["model"].nunique() > 1
+    fig, axes = panels(len(keys), ncols=min(len(keys), 4), width=2.9, height=1.85, sharey=True)
+    for ax, (model, press, regime) in zip(axes, keys, strict=True):
+        g = cur[(cur["model"] == model) & (cur["press"] == press) & (cur["regime"] == regime)]
+        c = colors[press]
+        if not allc.empty:
+            a = allc[(allc["model"] == model) & (allc["press"] == press) & (allc["regime"] == regime)]
+            if not a.empty:
+                ax.plot(a["ratio"], a["h"], "-", color="0.6", lw=1, label="all instances")
+                h0 = a.loc[a["ratio"] == 0, "h"]
+                if len(h0):
+                    ax.axhline(float(h0.iloc[0]), color="0.6", lw=0.8, ls=":", label="all, uncompressed")
+        ax.fill_between(g["ratio"], g["h_low"], g["h_high"], color=c, alpha=0.2, linewidth=0)
+        n = int(g["n_instances"].iloc[0]) if len(g) else 0
+        ax.plot(g["ratio"], g["h"], "-", marker="o", ms=3, color=c, label=f"right uncompressed (n = {n})")
+        f = (fits[(fits["model"] == model) & (fits["press"] == press) & (fits["regime"] == regime)]
+             if not fits.empty else fits)
+        if not f.empty:
+            f = f.iloc[0]
+            m, lo, hi = _num(f.get("alpha_half")), _num(f.get("alpha_half_low")), _num(f.get("alpha_half_high"))
+            if m is not None:
+                ax.axvline(m, color=c, lw=1, ls="--")
+                if (f.get("alpha_half_identified") == "identified" and lo is not None and hi is not None
+                        and hi - lo <= MAX_ALPHA_WIDTH):  # decided intervals only: no band spans the plot
+                    ax.axvspan(lo, hi, color=c, alpha=0.08)
+        title = short(press, 30) + (f" · {short(model, 16)}" if with_model else "")
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    axes[0].set_ylabel("H(α)")
+    axes[0].legend(fontsize=7, loc="upper left")
+    for ax in axes[-min(4, len(axes)):]:
+        ax.set_xlabel("compression ratio α", fontsize=8)
+    fig.suptitle("Hallucination caused by compression: H(α) among the instances right uncompressed (95% band); "
+                 "grey = every instance; dashed = halfway crossing", fontsize=9)
     return fig
 
 

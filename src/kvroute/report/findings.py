@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvroute.analysis.probe import MIN_IDENTITY_INSTANCES
 from kvroute.report import html as h
 
 
@@ -34,18 +35,34 @@ def _with_interval(value: float, ci: Any, interval: str | None, identified: str 
     return f"{value:.3f}, interval {head}" + (f" ({side})" if side else "")
 
 
-def cliff_sentence(row: dict[str, Any]) -> str:
-    """One (model, press, regime) headline row in words."""
-    a = row.get("alpha_star")
+def _cliff_parts(row: dict[str, Any], prefix: str = "") -> list[str]:
+    """α* (or why there is none) and the halfway crossing, from the headline keys with ``prefix``."""
+    a = row.get(f"{prefix}alpha_star")
     if a is None:
-        parts = [f"no cliff located ({row.get('cliff_status') or 'not identified'})"]
+        parts = [f"no cliff located ({row.get(f'{prefix}cliff_status') or 'not identified'})"]
     else:
-        parts = ["cliff at α* = " + _with_interval(a, row.get("alpha_star_ci"), row.get("alpha_star_interval"),
-                                                   row.get("alpha_star_identified"), 3)]
-    if row.get("alpha_half") is not None:
-        parts.append("halfway crossing " + _with_interval(row["alpha_half"], row.get("alpha_half_ci"),
-                                                          row.get("alpha_half_interval"),
-                                                          row.get("alpha_half_identified"), 2))
+        parts = ["α* = " + _with_interval(a, row.get(f"{prefix}alpha_star_ci"),
+                                                   row.get(f"{prefix}alpha_star_interval"),
+                                                   row.get(f"{prefix}alpha_star_identified"), 3)]
+    if row.get(f"{prefix}alpha_half") is not None:
+        parts.append("halfway crossing " + _with_interval(row[f"{prefix}alpha_half"], row.get(f"{prefix}alpha_half_ci"),
+                                                          row.get(f"{prefix}alpha_half_interval"),
+                                                          row.get(f"{prefix}alpha_half_identified"), 2))
+    return parts
+
+
+def cliff_sentence(row: dict[str, Any]) -> str:
+    """One (model, press, regime) headline row in words: the cliff caused by compression (among the instances
+    right uncompressed) first when the summary has it, then every instance's α*, labelled, then the rest."""
+    parts: list[str] = []
+    n_caused = row.get("caused_n_instances")
+    if n_caused is not None:
+        parts.append(f"caused by compression ({n_caused} instances right uncompressed): "
+                     + ", ".join(_cliff_parts(row, "caused_")) if n_caused else
+                     "caused by compression: no instance is right uncompressed")
+        parts.append(f"all instances (H(0) = {_n(row.get('h_baseline'), 2)}): " + _cliff_parts(row)[0])
+    else:
+        parts += _cliff_parts(row)
     safe = row.get("safe_ratio")
     parts.append(f"certified safe ratio {safe:g}" if safe is not None else "no safe ratio")
     verdict = row.get("ger_within_verdict")
@@ -53,9 +70,8 @@ def cliff_sentence(row: dict[str, Any]) -> str:
         # an odds ratio's end of 0 or ∞ (None in summary.json) is open: separated replicates reach it
         ci = row.get("ger_or_per_tenth_ci")
         ci = [float("inf") if v is None or v == 0 else v for v in ci] if ci else ci
-        oci = _ci(ci, 2) or "[–, –]"
-        parts.append(f"evicting the answer, within instance at matched ratios: {verdict}, "
-                     f"OR {_n(row.get('ger_or_per_tenth'), 2)} {oci}")
+        parts.append(f"eviction within instance: {verdict}, OR {_n(row.get('ger_or_per_tenth'), 2)} "
+                     f"{_ci(ci, 2) or '[–, –]'}")
     return "; ".join(parts)
 
 
@@ -65,12 +81,19 @@ def identity_sentence(rows: list[dict[str, Any]]) -> str | None:
     if not rows:
         return None
     r0 = rows[0]
-    chance = r0.get("identity_chance")
+    n = r0.get("identity_n_instances_baseline")
+    if n is not None and n < MIN_IDENTITY_INSTANCES:
+        return (f"answer-identity probe: cannot decide from {n} instances (fewer than {MIN_IDENTITY_INSTANCES}, "
+                "where its interval covers a planted accuracy in under 90% of sets)")
+    chance, null_high = r0.get("identity_chance"), r0.get("identity_null_high_baseline")
     ci0 = r0.get("identity_accuracy_baseline_ci") or [None, None]
-    text = (f"answer-identity probe {_n(r0['identity_accuracy_baseline'], 2)} {_ci(ci0, 2) or ''} at the full cache "
-            f"(chance {_n(chance, 2)})").replace("  ", " ")
-    if ci0[0] is not None and chance is not None and ci0[0] <= chance:
-        text += ", an interval that includes chance"
+    text = (f"answer-identity probe {_n(r0['identity_accuracy_baseline'], 2)} {_ci(ci0, 2) or ''} at the full cache"
+            f"{f' over {n} instances' if n is not None else ''} (chance {_n(chance, 2)}"
+            + (f"; 95% of label permutations ≤ {_n(null_high, 2)}" if null_high is not None else "") + ")"
+            ).replace("  ", " ")
+    line = null_high if null_high is not None else chance
+    if ci0[0] is not None and line is not None and ci0[0] <= line:
+        text += ", an interval that reaches the chance line: it cannot tell the answer from the distractors here"
     tops = [r for r in rows if r.get("identity_accuracy_at_max_ratio") is not None]
     if tops:
         w = min(tops, key=lambda r: r["identity_accuracy_at_max_ratio"])
@@ -118,7 +141,8 @@ def size_sentence(row: dict[str, Any]) -> str:
 
 def length_sentence(row: dict[str, Any]) -> str:
     """One α*-against-context-length verdict row (``summary["length_verdicts"]``) in words."""
-    text = f"{row.get('verdict')} over {row.get('n_lengths')} context lengths"
+    n = row.get("n_lengths")
+    text = f"{row.get('verdict')} over {n} context length{'' if n == 1 else 's'}"
     if row.get("beta") is not None:
         text += (f", elasticity of the critical budget β = {_n(row['beta'], 2)} {_interval_of(row, 'beta')} "
                  "(0: fixed budget, 1: fixed ratio)")
@@ -141,6 +165,22 @@ def findings(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+#: the parts of summary.json the findings and the league are written from (what the docs' copy keeps)
+FINDINGS_KEYS = ("headline", "consensus_trend", "length_verdicts", "size_trends", "press_league", "settings", "notes")
+
+
+def findings_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The part of a summary.json the findings and the league are written from: small enough to commit beside the
+    docs that quote it, and giving the same lines."""
+    return {k: summary[k] for k in FINDINGS_KEYS if k in summary}
+
+
+def findings_lines(summary: dict[str, Any]) -> list[str]:
+    """The findings as the console and the docs show them: one ``• label: sentence`` line each (the docs quote
+    these lines verbatim from a committed summary.json; tests/unit/test_docs_findings.py regenerates them)."""
+    return [f"  • {label}: {text}" for label, text in findings(summary)]
+
+
 def scaling_findings(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """``(label, sentence)`` pairs: how the cliff moves with context length and with model size."""
     out = []
@@ -152,18 +192,30 @@ def scaling_findings(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def findings_html(summary: dict[str, Any]) -> str:
-    """The findings as an HTML list (every piece escaped), or a note when there is no headline row."""
+    """The findings as an HTML list (every piece escaped), or a note when there is no headline row; the key to
+    reading them is :func:`findings_key_html` (the report puts it below the opening figure)."""
     items = findings(summary)
     if not items:
         return h.note("No headline finding: "
                       + ((summary.get("notes") or {}).get("cliff") or "no cliff could be fitted"))
-    settings = summary.get("settings") or {}
     lis = "".join(f"<li><strong>{h.esc(label)}</strong>: {h.esc(text)}</li>" for label, text in items)
-    key = (f"{settings.get('confidence', 0.95):.0%} bootstrap intervals over instances in brackets. α*: the fitted "
-           "sigmoid midpoint of the hallucination rate H(α); halfway crossing: the model-free cross-check; safe ratio: "
-           f"the largest ratio whose H stays within δ = {settings.get('delta', 0.05):g} of the uncompressed one; OR: "
-           "odds of hallucinating per +0.1 GER (answer evicted from more heads) at the same ratio.")
-    return f'<ul class="findings">{lis}</ul><p class="meta">{h.esc(key)}</p>'
+    return f'<ul class="findings">{lis}</ul>'
+
+
+def findings_key_html(summary: dict[str, Any]) -> str:
+    """How to read the findings: what each number is (empty when there is no headline row)."""
+    if not summary.get("headline"):
+        return ""
+    settings = summary.get("settings") or {}
+    key = (f"{settings.get('confidence', 0.95):.0%} bootstrap intervals over instances in brackets. Caused by "
+           "compression: H(α) among the instances right with the full cache (H(0) = 0); all instances: the "
+           "unconditional H(α) and its uncompressed rate H(0). α*: the fitted sigmoid midpoint, with the interval "
+           "the sigmoid and the model-free halfway crossing both allow ('cannot decide' where they disagree or it "
+           f"spans more than 0.35 of α); certified safe ratio: the largest ratio whose H is shown within δ = "
+           f"{settings.get('delta', 0.05):g} of the uncompressed one by an exact paired test; OR: odds of "
+           "hallucinating per +0.1 GER (answer evicted from more heads) for the same instance at matched ratios "
+           "('open' where bootstrap replicates separate).")
+    return f'<p class="meta">{h.esc(key)}</p>'
 
 
 def scaling_findings_html(summary: dict[str, Any]) -> str:

@@ -45,3 +45,27 @@ def league_html(league: pd.DataFrame | None, missing: str, *, delta: float, conf
         return howto + h.note(missing)
     return howto + h.table(league, [c for c in LEAGUE_TABLE_COLS if c[0] in league.columns],
                            text_columns=["rank_text", "alpha_star_text", "eviction_text"])
+
+
+#: (column, header) of the league as the docs quote it: the words a reader quotes, fewer columns than the report
+LEAGUE_MARKDOWN_COLS = [("rank", "rank"), ("press", "press"), ("rank_text", "paired comparisons"),
+                        ("area", "mean H over the grid"), ("safe_ratio_text", "certified safe ratio"),
+                        ("alpha_star_text", "α* [95% CI]"), ("eviction_text", "eviction effect within instance")]
+
+
+def league_markdown(rows: list[dict]) -> list[str]:
+    """The league rows of ``summary.json`` (``press_league``) as a Markdown table, one line per row (what the docs
+    quote; tests/unit/test_docs_findings.py regenerates it)."""
+    def cell(r: dict, col: str) -> str:
+        v = r.get(col)
+        if v is None or (isinstance(v, float) and v != v):
+            return "–"
+        if col == "press":
+            return f"`{v}`"
+        if col == "area":
+            return f"{v:.3f}"
+        return str(v).replace("|", "\\|")
+
+    head = "| " + " | ".join(h for _, h in LEAGUE_MARKDOWN_COLS) + " |"
+    rule = "|" + "|".join("---" for _ in LEAGUE_MARKDOWN_COLS) + "|"
+    return [head, rule, *("| " + " | ".join(cell(r, c) for c, _ in LEAGUE_MARKDOWN_COLS) + " |" for r in rows)]
