@@ -63,3 +63,10 @@ def test_reported_interval_rules():
                                  {"low": 0.85, "high": 0.95, "state": "closed"})
     assert open_["state"] == "open_above" and open_["low"] == 0.85
     assert reported_interval(sig, None)[0] is None
+
+
+def test_too_few_instances_cannot_decide():
+    sig = {"low": 0.70, "high": 0.75, "state": "closed"}
+    few, why = reported_interval(sig, {"low": 0.7, "high": 0.8, "state": "closed"}, n_instances=8)
+    assert few is None and why == "only 8 instances (fewer than 10)"
+    assert reported_interval(sig, {"low": 0.7, "high": 0.8, "state": "closed"}, n_instances=10)[0] is not None

@@ -116,7 +116,7 @@ def coverage(n_sets: int = 200, seed: int = 0, *, n_boot: int = 200) -> list[dic
                         if res.half is not None else None)
                 res_s.append(sig)
                 res_m.append(mono)
-                res_r.append(reported_interval(sig, mono)[0])
+                res_r.append(reported_interval(sig, mono, n_instances=n)[0])
                 est_s.append(res.fit.alpha_star)
                 est_m.append(res.half)
             common = {"parameter": "halfway point", "shape": shape, "n_sets": n_sets, "n_boot": n_boot,
