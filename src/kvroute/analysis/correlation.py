@@ -1,4 +1,4 @@
-"""The GER–hallucination link: a within-ratio test (the headline) and the paper's pooled r.
+"""The GER–hallucination link: a within-instance test at matched ratios (the headline) and the paper's pooled r.
 
 **Within instance, at matched ratios (headline), :func:`within_ratio_link`.** Per (model, press,
 regime, family) group, over compressed cells (ratio > 0) whose GER is defined, a conditional logit
@@ -230,15 +230,18 @@ def within_ratio_link(df: pd.DataFrame, *, ger_col: str = "ger", value_col: str 
                       keys: Sequence[str] = CURVE_KEYS, pool_families: bool = True, n_boot: int = 1000,
                       confidence: float = 0.95, seed: int = 0, ridge: float = RIDGE,
                       min_cells: int = MIN_CELLS, min_instances: int = MIN_INSTANCES) -> pd.DataFrame:
-    """Does global eviction raise P(hallucination) *at the same ratio*? One row per group of ``keys``.
+    """Does global eviction raise P(hallucination) *for the same instance* at matched ratios? One row per group.
 
-    See the module docstring for the model. Columns (:data:`WITHIN_COLUMNS`): counts of compressed
-    cells with defined GER (``n_cells``/``n_instances``/``n_strata``) and of those in informative
-    strata that the slope uses (``*_fit``), ``n_undefined`` (GER undefined: left out), ``strata``
-    (what a stratum is), ``slope`` (log-odds per unit GER) with its percentile interval and bootstrap
-    ``slope_se``, ``or_per_tenth`` = exp(0.1·slope) with its interval, the Mantel–Haenszel
-    ``risk_difference`` evicted − retained with its interval and ``n_strata_rd`` (strata with both
-    sides), ``boot_valid`` (share of replicates that could be fitted), ``verdict`` ("raises H",
+    (The name is kept from the former, between-instance reading.) See the module docstring for the
+    model. Columns (:data:`WITHIN_COLUMNS`): counts of compressed cells with defined GER
+    (``n_cells``/``n_instances``/``n_strata``) and of those of the informative instances the slope
+    uses (``*_fit``; ``n_strata_fit`` counts those instances), ``n_undefined`` (GER undefined: left
+    out), ``strata`` (what the slope conditions on), ``slope`` (log-odds per unit GER) with its
+    percentile interval (±∞ where separated replicates reach it) and bootstrap ``slope_se``,
+    ``or_per_tenth`` = exp(0.1·slope) with its interval, the between-instance Mantel–Haenszel
+    ``risk_difference`` evicted − retained with its interval and ``n_strata_rd`` (ratio strata with
+    both sides), ``boot_valid`` (share of replicates that could be fitted), ``boot_separated``,
+    ``slope_between`` (the former fit, for comparison), ``verdict`` ("raises H",
     "lowers H", "undecided", "too few data", "raises H (separated)", "lowers H (separated)",
     "no data") and a plain ``note``.
     When ``evicted_col`` is missing and ``threshold >= 1``, ``ger_col == 1`` stands in (the same

@@ -150,7 +150,7 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
             strict=True)))
     else:
         notes["model_size"] = "skipped: one model in these records"
-    # the headline GER reading: within ratio (logistic on GER with ratio strata, instance-clustered bootstrap)
+    # the headline GER reading: within instance at matched ratios (conditional logit, instance-clustered bootstrap)
     section("ger_within_ratio", ["ger", "hallucinated"], lambda: {
         "ger_within_ratio": within_ratio_link(df, threshold=cfg.ger_threshold, **boot)})
     # the routing view of the leaderboard: the run's cliffs and within-ratio links side by side, matched budgets
@@ -208,20 +208,27 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                      "sigmoid": "H(α) = lo + (hi − lo) / (1 + exp(−k (α − α*))), least squares with 0 ≤ lo ≤ hi ≤ 1; "
                                 "the point estimate and every bootstrap replicate pass the same edge rule (midpoint in "
                                 "the grid's first or last gap = below/beyond the grid unless the bound pins lo = 0 or "
-                                "hi = 1); an interval end that falls on a censored replicate is left open",
-                     "safe_ratio_rule": f"largest α with the one-sided {cfg.confidence:.0%} bootstrap upper bound of "
-                                        f"H(α) − H(0) ≤ δ={cfg.delta:g} at it and every smaller ratio",
+                                "hi = 1); an interval end that falls on a censored replicate is left open; the "
+                                "reported interval is the hull of the sigmoid's and the monotone crossing's, 'cannot "
+                                "decide' where they are disjoint, it spans more than 0.35 or the curve has fewer than "
+                                "10 instances",
+                     "caused_view": "cliffs_caused / caused_*: the same estimators on the instances answered "
+                                    "'correct' with the full cache (H(0) = 0): the hallucination compression causes",
+                     "safe_ratio_rule": f"largest α whose paired excess H(α) − H(0) an exact test on the discordant "
+                                        f"pairs shows ≤ δ={cfg.delta:g} at {cfg.confidence:.0%} confidence, at it and "
+                                        "every smaller ratio (a certification, not an order)",
                      "press_league": LEAGUE_RULE.format(n=cfg.league_min_instances, alpha=round(1 - cfg.confidence, 6)),
                      "globally_evicted": f"ger_all_layers ≥ {cfg.ger_threshold:g}",
-                     "ger_link": "headline = within ratio: per (model, press, regime, family), logistic regression of "
-                                 "hallucinated on the cell's ger with one intercept per ratio (ratio × family when "
-                                 "families are pooled), compressed cells with defined GER, strata without variation in "
-                                 "H or GER left out, ridge 1e-3 on the slope; odds ratio per +0.1 GER and the "
-                                 "Mantel–Haenszel P(H | evicted) − P(H | retained) over the same strata, both with "
-                                 "instance-clustered percentile bootstrap intervals. ger_pearson_r is pooled across "
-                                 "ratios (one point per ratio): both curves rise with α, so it is confounded by α and "
-                                 "kept only to compare with the paper's r = 0.79–0.93; p_h_given_evicted/retained are "
-                                 "pooled over ratios too",
+                     "ger_link": "headline = within instance at matched ratios: per (model, press, regime, family), "
+                                 "conditional logit of hallucinated on the cell's ger with the instance as stratum and "
+                                 "one effect per ratio, compressed cells with defined GER, instances whose cells all "
+                                 "agree left out, ridge 1e-3, separation checked in every bootstrap replicate (an end "
+                                 "it reaches is open); odds ratio per +0.1 GER with its instance-clustered percentile "
+                                 "interval; the Mantel–Haenszel P(H | evicted) − P(H | retained) over ratio strata "
+                                 "compares different instances (confounded by difficulty). ger_pearson_r is pooled "
+                                 "across ratios (one point per ratio): both curves rise with α, so it is confounded by "
+                                 "α and kept only to compare with the paper's r = 0.79–0.93; "
+                                 "p_h_given_evicted/retained are pooled over ratios too",
                      "failure": "outcome other than 'correct' (listed, distractor, abstained, partial or fabricated; "
                                 "not an "
                                 "F1 threshold); failures whose GER is undefined (ger_all_layers missing or "
