@@ -100,6 +100,10 @@ def mutation_table(rows: list[dict]) -> list[str]:
             add("press league (paired)", "pairing (order by safe ratio, then α*)",
                 f"{r['pair']}, {r['n_instances']} inst., churn {r['churn']:g}", "reversal ≤ 0.05",
                 r["reversal"], r["safe_rule_reversal"], lambda v: v <= 0.05)
+    for r in by.get("probe", []):
+        add("identity probe (whole-procedure interval)", "the procedure inside the bootstrap (fixed credits)",
+            f"readout of accuracy 0.65, {r['n_instances']} inst.", "no zero-width interval",
+            r["share_zero_width"], r["mutant_share_zero_width"], lambda v: v == 0)
     out += ["", "A mutant is caught where the estimator meets the criterion and the mutant does not; `NO` marks a "
             "plant on which the two cannot be told apart (both meet it, or neither).", "",
             "Mutants caught on at least one plant: " + "; ".join(f"{e}: {'yes' if c else 'NO'}"
