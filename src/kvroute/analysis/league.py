@@ -142,9 +142,9 @@ def press_league(df: pd.DataFrame, *, cliffs: pd.DataFrame | None = None, within
     ger = _ger_at_safe(data, rows, **boot)
     ev = None if within is None or within.empty else within[within["family"] == family]
     out = [_row(r, family, ger, ev, min_instances) for r in rows.to_dict(orient="records")]
-    if pairs is None:
-        pairs = league_pairs(data, n_boot=max(n_boot, 2000), confidence=confidence, seed=seed,
-                             min_instances=min_instances)
+    if pairs is None:  # the records are already matched and carry their baseline: compare them as they are
+        pairs = paired_comparisons(data, ratios=_matched_by_group(grids), n_boot=max(n_boot, 2000),
+                                   confidence=confidence, seed=seed, min_instances=min_instances)
     return _ranked(pd.DataFrame(out, columns=[c for c in LEAGUE_COLUMNS if c != "rank"]), pairs)
 
 
@@ -157,10 +157,13 @@ def league_pairs(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.
     data = data[data["press"] != BASELINE_PRESS]
     if data.empty:
         return pd.DataFrame(columns=PAIR_COLUMNS)
-    grids = matched_grids(data)
-    ratios = {(m, r): list(g["matched"].iloc[0]) for (m, r), g in grids.groupby(["model", "regime"])}
-    return paired_comparisons(data, ratios=ratios, n_boot=n_boot, confidence=confidence, seed=seed,
-                              min_instances=min_instances)
+    return paired_comparisons(data, ratios=_matched_by_group(matched_grids(data)), n_boot=n_boot,
+                              confidence=confidence, seed=seed, min_instances=min_instances)
+
+
+def _matched_by_group(grids: pd.DataFrame) -> dict[tuple[str, str], list[float]]:
+    """:func:`matched_grids`' common ratios keyed by (model, regime), as :func:`paired_comparisons` takes them."""
+    return {(m, r): list(g["matched"].iloc[0]) for (m, r), g in grids.groupby(["model", "regime"])}
 
 
 def _ger_at_safe(data: pd.DataFrame, rows: pd.DataFrame, *, n_boot: int, confidence: float,
