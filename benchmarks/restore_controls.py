@@ -2,12 +2,13 @@
 
 A sweep of `base` instances (as mask_controls.py: ~320 tokens, 2 distractors, none unanswerable) with
 `anti_oracle[base=knorm]` (evicts the evidence first) and `snapkv`, every compressed cell also run with
-``restore = ["answer", "evidence", "random"]`` (kvroute.presses.restore). Controls, among instances whose full
+``restore = ["answer", "evidence", "random", "distractor"]`` (kvroute.presses.restore). Controls, among instances whose full
 cache answers correctly:
 
 - anti_oracle + restore=evidence gives back everything anti_oracle evicts first: it must recover the
   full cache's answer far more often than anti_oracle alone;
-- restore=random (as many other tokens as the answer has) is the null: it must recover no more than
+- restore=random (as many other tokens as the answer has) and restore=distractor (as many tokens of the
+  distractor values: the same kind of token as the answer) are the nulls: each must recover no more than
   restore=answer (Wilson 95% intervals; "cannot decide" where they overlap).
 
 Then the restoration table (kvroute.analysis.restoration) for both presses: the share of failures each
@@ -32,7 +33,7 @@ from kvroute.metrics import DEFAULT_METRICS
 
 PRESSES = ("anti_oracle[base=knorm]", "snapkv")
 RATIOS = (0.0, 0.25, 0.5, 0.75, 0.9)
-RESTORE = ("answer", "evidence", "random")
+RESTORE = ("answer", "evidence", "random", "distractor")
 
 
 def config(model: str, n: int, seed: int) -> dict:
@@ -67,15 +68,19 @@ def checks(rec: pd.DataFrame) -> list[tuple[str, bool | None]]:
     out: list[tuple[str, bool | None]] = []
     a = rec[rec["press"] == PRESSES[0]].set_index(["ratio", "restore"])
     for ratio in sorted({r for r, _ in a.index}):
-        none, ev, ans, rnd = (a.loc[(ratio, c)] for c in ("none", "evidence", "answer", "random"))
+        none, ev, ans = (a.loc[(ratio, c)] for c in ("none", "evidence", "answer"))
         ok = True if ev["low"] > none["high"] else (None if ev["share"] > none["share"] else False)
         out.append((f"anti_oracle α={ratio:g}: restore=evidence recovers the full answer {ev['share']:.2f} "
                     f"[{ev['low']:.2f}, {ev['high']:.2f}] against {none['share']:.2f} [{none['low']:.2f}, "
                     f"{none['high']:.2f}] without", ok))
-        null_ok = True if rnd["high"] < ans["low"] else (None if rnd["share"] <= ans["share"] else False)
-        out.append((f"anti_oracle α={ratio:g}: the null (restore=random) {rnd['share']:.2f} [{rnd['low']:.2f}, "
-                    f"{rnd['high']:.2f}] does not beat restore=answer {ans['share']:.2f} [{ans['low']:.2f}, "
-                    f"{ans['high']:.2f}]", null_ok))
+        for null in ("random", "distractor"):
+            if (ratio, null) not in a.index:
+                continue
+            rnd = a.loc[(ratio, null)]
+            null_ok = True if rnd["high"] < ans["low"] else (None if rnd["share"] <= ans["share"] else False)
+            out.append((f"anti_oracle α={ratio:g}: the null (restore={null}) {rnd['share']:.2f} [{rnd['low']:.2f}, "
+                        f"{rnd['high']:.2f}] does not beat restore=answer {ans['share']:.2f} [{ans['low']:.2f}, "
+                        f"{ans['high']:.2f}]", null_ok))
     return out
 
 

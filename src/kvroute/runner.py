@@ -161,6 +161,7 @@ def _run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell],
     result = engine.run(prompt, cells, gold_ids=gold if "gold" in needs else None,
                         evidence=ev, track=track, seed=seed, captures=[rollout] if rollout else [],
                         answer=[p for p in prompt.answer_positions if p < prompt.n_context],
+                        distractors=prompt.distractor_span_positions,
                         lens_ids=list(cands.ids) if cands else None,
                         lens_seqs=[list(s) for s in cands.seqs] if cands else None, cell_errors=True,
                         question_window=prompt.question_window)

@@ -60,6 +60,14 @@ def check_prompt(tok, inst: TaskInstance, regime: str, system_prompt: str | None
             assert inst.span_text((s, e)) not in tok.decode([ids[q] for q in pos[1:]])
             assert inst.span_text((s, e)) not in tok.decode([ids[q] for q in pos[:-1]])
     assert set(p.answer_positions) <= set(p.evidence_positions)
+    # every distractor occurrence is found back as context tokens that hold part of its text, none the answer's
+    assert not {q for o in p.distractor_span_positions for q in o} & set(p.answer_positions)
+    assert all(q < p.n_context for o in p.distractor_span_positions for q in o)
+    if any(d not in inst.answers and inst.context.count(d) for d in inst.distractors):
+        assert p.distractor_span_positions, "distractors in the context give distractor tokens"
+    decoded = [tok.decode([ids[q] for q in o]) for o in p.distractor_span_positions]
+    assert all(any(w and w in text for d in inst.distractors for w in d.split()) or len(text.strip()) <= 2
+               for text in decoded), decoded
     if inst.evidence_spans:
         ev_text = tok.decode([ids[q] for q in p.evidence_positions])
         assert inst.span_text(inst.evidence_spans[0]).split()[0] in ev_text

@@ -240,21 +240,24 @@ def test_restored_cells_are_keyed_recorded_and_kept_out_of_the_other_analyses(fo
     from kvroute.sweep.driver import plan_sweep
 
     text = CONFIG.format(model=folder / "tiny-qwen2", n=3).replace("ratios = [0, 0.5, 0.9]", "ratios = [0, 0.9]")
+    text = text.replace("n = 3\n", "n = 3\ndistractors = 2\n")  # values for restore=distractor to put back
     plain = tmp_path / "plain.toml"
     plain.write_text(text)
     restored = tmp_path / "restored.toml"
-    restored.write_text(text.replace("ratios = [0, 0.9]", 'ratios = [0, 0.9]\nrestore = ["answer", "random"]'))
+    restored.write_text(text.replace("ratios = [0, 0.9]", 'ratios = [0, 0.9]\nrestore = ["answer", "random", "distractor"]'))
     keys = {k for u in plan_sweep(load_sweep_config(plain)).units for k in u.keys}
     plan = plan_sweep(load_sweep_config(restored))
     assert keys < {k for u in plan.units for k in u.keys}
-    assert len(plan.units[0].cells) == 1 + 2 * 3  # the baseline, then each press's cell and its two restorations
+    assert len(plan.units[0].cells) == 1 + 2 * 4  # the baseline, then each press's cell and its three restorations
     run_sweep(load_sweep_config(restored), tmp_path / "run")
     recs = list(read_records(tmp_path / "run"))
-    assert {r["restore"] for r in recs} == {None, "answer", "random"} and len(recs) == 3 * 7
+    assert {r["restore"] for r in recs} == {None, "answer", "random", "distractor"} and len(recs) == 3 * 9
+    null = [r for r in recs if r["restore"] == "distractor"]
+    assert all(r.get("status", "ok") == "ok" for r in null), [r.get("error") for r in null]
     assert {r["key"] for r in recs if r["restore"] is None} == keys
     assert load_records(tmp_path / "run")["restore"].isna().all()
     assert len(load_records(tmp_path / "run", with_restored=True)) == len(recs)
     table = restoration_table(load_records(tmp_path / "run", with_restored=True))
-    assert set(table["restore"]) <= {"answer", "random"}
+    assert set(table["restore"]) <= {"answer", "random", "distractor"}
     html = build_run_report(tmp_path / "run").read_text()
     assert "Causal restoration" in html

@@ -11,7 +11,7 @@ from kvroute.presses import KeepMask
 from kvroute.presses.restore import Restore
 
 
-@pytest.mark.parametrize("spec", ["answer", "evidence", "random", "consensus@layers:middle",
+@pytest.mark.parametrize("spec", ["answer", "evidence", "random", "distractor", "consensus@layers:middle",
                                   "answer@layers:2-4", "answer@layers:late",
                                   "evidence@layers:early@heads:0,1", "answer@heads:1", "answer@heads:retrieval",
                                   "evidence@layers:late@heads:retrieval"])
@@ -60,6 +60,21 @@ def test_random_restores_as_many_other_tokens_reproducibly():
     c = {tuple(r.apply(_mask(), answer=[2, 5], evidence=[], seed=s).mask[0, 0].nonzero().flatten().tolist())
          for s in range(20)}
     assert a == b and len(a) == 2 and not set(a) & {2, 5} and len(c) > 1
+
+
+def test_distractor_restores_as_many_distractor_tokens_as_the_answer_has():
+    r = Restore.parse("distractor@layers:early")
+    occ = [[6, 7], [8], [9, 2]]  # occurrences of distractor values; 2 is an answer token and never restored
+    picks = {tuple(r.apply(_mask(), answer=[2, 3], evidence=[], seed=s, distractors=occ).mask[0, 0].nonzero()
+                   .flatten().tolist()) for s in range(20)}
+    assert all(len(p) == 2 and set(p) <= {6, 7, 8, 9} for p in picks) and len(picks) > 1
+    assert (6, 7) in picks  # a whole occurrence when it fits
+    m = r.apply(_mask(), answer=[2, 3], evidence=[], seed=0, distractors=occ).mask
+    assert not m[2:].any()  # only the named layers
+    short = r.apply(_mask(), answer=[2, 3, 4], evidence=[], distractors=[[8]]).mask[0, 0].nonzero().flatten().tolist()
+    assert len(short) == 3 and 8 in short and not set(short) & {2, 3, 4}  # topped up to the answer's size
+    with pytest.raises(EngineError, match="no distractor tokens"):
+        r.apply(_mask(), answer=[2, 3], evidence=[], distractors=[[2]])
 
 
 @pytest.mark.parametrize("spec, answer, needle", [

@@ -117,7 +117,7 @@ class Engine:
     # complexity: per-cell error handling around one prefill and one decode (each branch one kind of cell failure)
     def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,  # noqa: C901
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
-            answer: Sequence[int] | None = None,
+            answer: Sequence[int] | None = None, distractors: Sequence[Sequence[int]] = (),
             captures: Sequence[PrefillCapture] = (), decode_full: bool = True,
             lens_ids: Sequence[int] | None = None, lens_seqs: Sequence[Sequence[int]] | None = None,
             cell_errors: bool = False, question_window: int = 0) -> EngineResult:
@@ -127,7 +127,8 @@ class Engine:
         only, no metrics); ``EngineResult.full`` is then None.
 
         ``evidence``: evidence token positions inside the context (needed by oracle controls); ``answer``: the
-        answer's token positions there (needed by cells with a ``restore`` condition);
+        answer's token positions there (needed by cells with a ``restore`` condition); ``distractors``: per
+        occurrence of a distractor value in the context, its token positions (``restore=distractor``);
         ``track``: named sets of prompt positions whose attention mass from each generated token is
         recorded; ``gold_ids``: the gold answer's tokens, teacher-forced for its log-probability;
         ``lens_ids``: tokens whose per-layer logit lens at the last prompt token is recorded;
@@ -200,7 +201,8 @@ class Engine:
                     cond = Restore.parse(c.restore)
                     restored = cond.apply(mask, answer or [], ev, seed=seed,
                                           consensus=consensus(pre, q_ids) if cond.target == "consensus" else None,
-                                          retrieval=self._retrieval_kv() if cond.needs_retrieval_heads else None)
+                                          retrieval=self._retrieval_kv() if cond.needs_retrieval_heads else None,
+                                          distractors=distractors)
                     mask = restored if i in cell_key else mask
                 masks.append(mask)
             except CELL_ERRORS as e:

@@ -10,6 +10,11 @@ Conditions (``Cell.restore``, the sweep config's ``restore`` list)::
     answer                    the answer's tokens, every layer and KV head
     evidence                  the evidence tokens (answer included), every layer and KV head
     random                    as many other context tokens as the answer has, drawn at random (the null)
+    distractor                as many tokens of the instance's distractor values as the answer has (their
+                              occurrences in the context, answer tokens left out, taken occurrence by occurrence
+                              in a seeded random order; topped up with random other tokens when the distractors
+                              are shorter): the null of the same kind and size as ``answer`` — a repair by
+                              ``answer`` that ``distractor`` matches is not about the answer
     consensus                 each layer's consensus token in the full cache: the context position most of
                               the layer's query heads attend to most from the last prompt token (after the
                               first 4 positions, the sinks), put back in that layer
@@ -37,7 +42,7 @@ import torch
 from kvroute.errors import ConfigError, EngineError, suggest
 from kvroute.presses.keepmask import KeepMask
 
-TARGETS = ("answer", "evidence", "random", "consensus")
+TARGETS = ("answer", "evidence", "random", "distractor", "consensus")
 #: positions the consensus target skips (the attention sinks: the consensus metric's default n_sink)
 CONSENSUS_SKIP = 4
 BANDS = ("early", "middle", "late")
@@ -112,15 +117,19 @@ class Restore:
             raise EngineError(f"restore={self}: the model has {num_layers} layers (0-{num_layers - 1}), not {b}")
         return range(a, b + 1)
 
-    def positions(self, T: int, answer: Sequence[int], evidence: Sequence[int], seed: int) -> list[int]:
+    def positions(self, T: int, answer: Sequence[int], evidence: Sequence[int], seed: int,
+                  distractors: Sequence[Sequence[int]] = ()) -> list[int]:
         """The restored context positions, the same in every layer (EngineError when the instance has none to
-        restore; not for the consensus target, whose position is per layer)."""
+        restore; not for the consensus target, whose position is per layer). ``distractors``: per occurrence of a
+        distractor value in the context, its token positions (``Prompt.distractor_span_positions``)."""
         ans = sorted({p for p in answer if 0 <= p < T})
-        if self.target == "answer" or self.target == "random":
+        if self.target in ("answer", "random", "distractor"):
             if not ans:
                 raise EngineError(f"restore={self}: this instance has no answer tokens in the context")
             if self.target == "answer":
                 return ans
+            if self.target == "distractor":
+                return _distractor_positions(T, ans, distractors, seed, self)
             others = torch.as_tensor(sorted(set(range(T)) - set(ans)), dtype=torch.long)
             g = torch.Generator().manual_seed(seed)
             return sorted(others[torch.randperm(len(others), generator=g)[: len(ans)]].tolist())
@@ -134,8 +143,8 @@ class Restore:
         return self.heads == RETRIEVAL
 
     def apply(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], *, seed: int = 0,
-              consensus: Sequence[int] | None = None,
-              retrieval: Sequence[tuple[int, int]] | None = None) -> KeepMask:
+              consensus: Sequence[int] | None = None, retrieval: Sequence[tuple[int, int]] | None = None,
+              distractors: Sequence[Sequence[int]] = ()) -> KeepMask:
         """``mask`` with the condition's entries kept again (a new KeepMask; ``mask`` is not changed).
         ``consensus``: the full cache's consensus position of each layer (:func:`consensus_positions`), needed by
         the consensus target only; ``retrieval``: the model's retrieval heads as (layer, KV head) pairs, needed by
@@ -143,7 +152,7 @@ class Restore:
         L, Hkv, T = mask.shape
         layers = list(self.layer_range(L))
         if self.needs_retrieval_heads:
-            return self._apply_pairs(mask, answer, evidence, seed, consensus, layers, retrieval)
+            return self._apply_pairs(mask, answer, evidence, seed, consensus, layers, retrieval, distractors)
         assert not isinstance(self.heads, str)
         if self.heads is not None and self.heads[-1] >= Hkv:
             raise EngineError(f"restore={self}: the model has {Hkv} KV heads per layer (0-{Hkv - 1})")
@@ -156,14 +165,16 @@ class Restore:
             for layer in layers:
                 keep[layer, hi, consensus[layer]] = True
             return KeepMask(keep, mask.press, mask.ratio)
-        pos = torch.as_tensor(self.positions(T, answer, evidence, seed), dtype=torch.long, device=keep.device)
+        pos = torch.as_tensor(self.positions(T, answer, evidence, seed, distractors), dtype=torch.long,
+                              device=keep.device)
         li = torch.as_tensor(layers, dtype=torch.long, device=keep.device)
         keep[li[:, None, None], hi[None, :, None], pos[None, None, :]] = True
         return KeepMask(keep, mask.press, mask.ratio)
 
     def _apply_pairs(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], seed: int,
                      consensus: Sequence[int] | None, layers: list[int],
-                     retrieval: Sequence[tuple[int, int]] | None) -> KeepMask:
+                     retrieval: Sequence[tuple[int, int]] | None,
+                     distractors: Sequence[Sequence[int]] = ()) -> KeepMask:
         """The condition restricted to the retrieval heads' (layer, KV head) pairs inside its layers."""
         L, Hkv, T = mask.shape
         if retrieval is None:
@@ -186,11 +197,34 @@ class Restore:
             for layer, h in pairs:
                 keep[layer, h, consensus[layer]] = True
             return KeepMask(keep, mask.press, mask.ratio)
-        pos = torch.as_tensor(self.positions(T, answer, evidence, seed), dtype=torch.long, device=keep.device)
+        pos = torch.as_tensor(self.positions(T, answer, evidence, seed, distractors), dtype=torch.long,
+                              device=keep.device)
         li = torch.as_tensor([p[0] for p in pairs], dtype=torch.long, device=keep.device)
         hi = torch.as_tensor([p[1] for p in pairs], dtype=torch.long, device=keep.device)
         keep[li[:, None], hi[:, None], pos[None, :]] = True
         return KeepMask(keep, mask.press, mask.ratio)
+
+
+def _distractor_positions(T: int, ans: Sequence[int], distractors: Sequence[Sequence[int]], seed: int,
+                          cond: Restore) -> list[int]:
+    """``len(ans)`` positions of the distractor values: whole occurrences in a seeded random order, the last one cut
+    to fit; when the distractors hold fewer tokens than the answer, topped up with other context tokens at random
+    (as ``random`` draws them) so the null keeps the answer's size. EngineError when the context holds no distractor
+    token at all."""
+    taken = set(ans)
+    occ = [[p for p in o if 0 <= p < T and p not in taken] for o in distractors]
+    occ = [o for o in occ if o]
+    if not occ:
+        raise EngineError(f"restore={cond}: this instance has no distractor tokens in the context")
+    g = torch.Generator().manual_seed(seed)
+    out: list[int] = []
+    for i in torch.randperm(len(occ), generator=g).tolist():
+        out += [p for p in occ[i] if p not in out][: len(ans) - len(out)]
+        if len(out) == len(ans):
+            return sorted(out)
+    others = torch.as_tensor(sorted(set(range(T)) - taken - set(out)), dtype=torch.long)
+    out += others[torch.randperm(len(others), generator=g)[: len(ans) - len(out)]].tolist()
+    return sorted(out)
 
 
 def kv_pairs(heads: Sequence[tuple[int, int]], num_heads: int, num_kv_heads: int) -> list[tuple[int, int]]:

@@ -476,17 +476,18 @@ _RETRIEVAL_COLS = [("model", "model"), ("retrieval_heads", "retrieval heads"), (
 def _restoration_table(r: pd.DataFrame | None, ger_threshold: float) -> str:
     intro = h.paragraph(
         "A restored cell is its press's keep-mask at its ratio with chosen entries kept again (the sweep config's "
-        "`restore` list: answer, evidence, random — as many other tokens, the null —, optionally one band of "
-        "layers or some KV heads), decoded like any cell. Among the base cells that failed where the full cache "
+        "`restore` list: answer, evidence, random — as many other tokens, the null —, distractor — as many "
+        "tokens of the distractor values, the null of the answer's kind —, optionally one band of layers or some KV "
+        "heads), decoded like any cell. Among the base cells that failed where the full cache "
         "answered correctly (the failures compression caused), by failure class "
         f"(erasure: ger_all_layers ≥ {ger_threshold:g}; retained; undefined GER), the share the restoration "
         "repaired (the restored cell answers correctly; one that names the gold among other candidates — listed — "
         "is not a repair and is counted apart), with Wilson 95% intervals over instances. A failure "
-        "that restore=answer repairs was an erasure causally; a retained failure that restore=evidence does not "
+        "that restore=answer repairs, and restore=distractor does not, was an erasure of the answer causally; a retained failure that restore=evidence does not "
         "repair is rigidity-like.")
     if r is None or r.empty:
         return intro + h.note("no restored cells in these records (add restore = [\"answer\", \"evidence\", "
-                              "\"random\"] to the sweep config)")
+                              "\"random\", \"distractor\"] to the sweep config)")
     r = r.copy()
     r["interval"] = [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(r["low"], r["high"], strict=True)]
     cols = [("model", "model"), ("press", "press"), ("ratio", "α"), ("restore", "restore"), ("class", "base failure"),

@@ -26,8 +26,9 @@ feeds its pipeline for a dataset row (``kvroute tasks import`` writes raw instan
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvroute.errors import ConfigError, TaskFormatError
@@ -88,6 +89,9 @@ class Prompt:
     regime: str
     instance_id: str
     question_window: int = 0  # aware regime: the prefix's last tokens that hold the question (finch's window)
+    #: per occurrence of a distractor value in the context (whole-word matches, in text order), its token
+    #: positions minus the answer's: the ``distractor`` restoration null
+    distractor_span_positions: list[list[int]] = field(default_factory=list)
 
     @property
     def input_ids(self) -> list[int]:
@@ -118,6 +122,13 @@ def _encode(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]
 def _positions(offsets: Sequence[tuple[int, int]], start: int, end: int, shift: int = 0) -> list[int]:
     """Tokens whose character range overlaps ``[start, end)`` (a partial overlap counts)."""
     return [i + shift for i, (s, e) in enumerate(offsets) if e > s and s < end and e > start]
+
+
+def _occurrences(text: str, value: str) -> list[tuple[int, int]]:
+    """Character spans of ``value`` in ``text``, not inside a longer word (``"12"`` is not found in ``"120"``)."""
+    head = r"(?<!\w)" if value[:1].isalnum() or value[:1] == "_" else ""
+    tail = r"(?!\w)" if value[-1:].isalnum() or value[-1:] == "_" else ""
+    return [m.span() for m in re.finditer(head + re.escape(value) + tail, text)]
 
 
 def build_prompt(tokenizer: Any, instance: TaskInstance, *, regime: str = "agnostic", system_prompt: str | None = None,
@@ -169,6 +180,15 @@ def build_prompt(tokenizer: Any, instance: TaskInstance, *, regime: str = "agnos
     for s, e in instance.evidence_spans:
         evidence.update(_positions(pre_off, ctx_offset + s, ctx_offset + e))
 
+    distractor_pos: list[list[int]] = []
+    answer_set = set(answer)
+    for value in dict.fromkeys(d for d in instance.distractors if d.strip()):
+        for s, e in _occurrences(instance.context, value):
+            pos = [p for p in _positions(pre_off, ctx_offset + s, ctx_offset + e) if p not in answer_set]
+            if pos:
+                distractor_pos.append(pos)
+    distractor_pos.sort()
+
     q_start = 0 if raw else _QUESTION_OFFSET
     window = 0
     if regime == "aware":  # the question's part of the prefix: tokens starting at or after its first character
@@ -183,7 +203,8 @@ def build_prompt(tokenizer: Any, instance: TaskInstance, *, regime: str = "agnos
                   evidence_positions=sorted(evidence), question_positions=question_pos,
                   answer_span_positions=span_pos, context_text=prefix, question_text=suffix,
                   context_char_offset=ctx_offset, kvpress_context=kv_context, kvpress_question=kv_question,
-                  answer_prefix=answer_prefix, regime=regime, instance_id=instance.id, question_window=window)
+                  answer_prefix=answer_prefix, regime=regime, instance_id=instance.id, question_window=window,
+                  distractor_span_positions=distractor_pos)
 
 
 def context_span(prompt: Prompt, span: Span) -> tuple[int, int]:
