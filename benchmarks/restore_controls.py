@@ -2,8 +2,8 @@
 
 A sweep of `base` instances (as mask_controls.py: ~320 tokens, 2 distractors, none unanswerable) with
 `anti_oracle[base=knorm]` (evicts the evidence first) and `snapkv`, every compressed cell also run with
-``restore = ["answer", "evidence", "random", "distractor"]`` (kvroute.presses.restore). Controls, among instances whose full
-cache answers correctly:
+``restore = ["answer", "evidence", "random", "distractor"]`` (kvroute.presses.restore). Controls, among
+instances whose full cache answers correctly:
 
 - anti_oracle + restore=evidence gives back everything anti_oracle evicts first: it must recover the
   full cache's answer far more often than anti_oracle alone;

@@ -244,7 +244,8 @@ def test_restored_cells_are_keyed_recorded_and_kept_out_of_the_other_analyses(fo
     plain = tmp_path / "plain.toml"
     plain.write_text(text)
     restored = tmp_path / "restored.toml"
-    restored.write_text(text.replace("ratios = [0, 0.9]", 'ratios = [0, 0.9]\nrestore = ["answer", "random", "distractor"]'))
+    restored.write_text(text.replace("ratios = [0, 0.9]",
+                                     'ratios = [0, 0.9]\nrestore = ["answer", "random", "distractor"]'))
     keys = {k for u in plan_sweep(load_sweep_config(plain)).units for k in u.keys}
     plan = plan_sweep(load_sweep_config(restored))
     assert keys < {k for u in plan.units for k in u.keys}

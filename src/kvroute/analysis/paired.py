@@ -49,8 +49,8 @@ PAIR_COLUMNS = ["model", "regime", "press_a", "press_b", "n_shared", "n_ratios",
 PAIRED_RULE = ("presses of one (model, regime) compared in pairs on the instances both have at every ratio of the "
                "common grid: the difference of the mean area under each instance's H(α) (trapezoid over the grid, "
                "divided by its width), a paired instance bootstrap interval, a within-instance sign-flip "
-               "randomization p-value, Holm-adjusted over the pairs; a pair is decided when the adjusted p ≤ {alpha:g}, otherwise tied; rank = 1 + the number of "
-               "presses that beat it")
+               "randomization p-value, Holm-adjusted over the pairs; a pair is decided when the adjusted "
+               "p ≤ {alpha:g}, otherwise tied; rank = 1 + the number of presses that beat it")
 
 
 def instance_areas(cells: pd.DataFrame, ratios: Sequence[float], value_col: str = "hallucinated") -> pd.Series:

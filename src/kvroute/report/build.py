@@ -483,8 +483,8 @@ def _restoration_table(r: pd.DataFrame | None, ger_threshold: float) -> str:
         f"(erasure: ger_all_layers ≥ {ger_threshold:g}; retained; undefined GER), the share the restoration "
         "repaired (the restored cell answers correctly; one that names the gold among other candidates — listed — "
         "is not a repair and is counted apart), with Wilson 95% intervals over instances. A failure "
-        "that restore=answer repairs, and restore=distractor does not, was an erasure of the answer causally; a retained failure that restore=evidence does not "
-        "repair is rigidity-like.")
+        "that restore=answer repairs, and restore=distractor does not, was an erasure of the answer causally; a "
+        "retained failure that restore=evidence does not repair is rigidity-like.")
     if r is None or r.empty:
         return intro + h.note("no restored cells in these records (add restore = [\"answer\", \"evidence\", "
                               "\"random\", \"distractor\"] to the sweep config)")
