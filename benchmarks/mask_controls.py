@@ -13,7 +13,8 @@ readings of the output (accuracy, the logit lens of the gold's
 first token, the untrained identity readout) oracle above both, random and anti_oracle unordered (random
 also evicts the instruction and template, which anti_oracle keeps); and with every evidence token
 gone (anti_oracle at 0.95) the identity probe must fall to chance. The report's press league over
-the three controls must rank the oracle first: a safe ratio and an α* no smaller than either other's. \
+the three controls must rank the oracle first by its paired rule (beating anti_oracle in a decided pair), with a
+safe ratio and an α* no smaller than either other's. \
 A probe can only rank presses on
 a model that can tell the answer from its distractors at the full cache: the table's first row says,
 and where the full cache's identity probe is itself at chance the identity orderings are reported as
@@ -109,7 +110,8 @@ IDENTITY_COLS = {"identity_accuracy", "identity_untrained"}
 def league(df: pd.DataFrame) -> tuple[list[str], list[tuple[str, bool | None]]]:
     """The report's press league over the three controls, and its expected ordering: the oracle first.
 
-    At matched budgets the oracle keeps the evidence, so its hallucination rate must stay at the baseline
+    The league ranks by paired comparison (kvroute.analysis.paired): the oracle must be rank 1 and beat
+    anti_oracle in a decided pair (evicting the evidence first cannot hallucinate less). At matched budgets the oracle keeps the evidence, so its hallucination rate must stay at the baseline
     at least as far as either other control's (safe ratio), and its cliff must come no earlier (α*; a
     curve without a cliff in the tested range counts as later than any). Random and anti_oracle are not
     ordered by the output (random also evicts the instruction and template, which anti_oracle keeps).
@@ -139,6 +141,9 @@ def league(df: pd.DataFrame) -> tuple[list[str], list[tuple[str, bool | None]]]:
     checks: list[tuple[str, bool | None]] = [
         (f"press league: oracle ranked first (rank {o['rank']}; random {rows['random']['rank']}, anti_oracle "
          f"{rows['anti_oracle']['rank']})", int(o["rank"]) == 1),
+        (f"press league: oracle beats anti_oracle in a decided paired comparison (oracle: {o['rank_text']})",
+         "anti_oracle" in str(o["rank_text"]).split("beaten by")[0].split("tied with")[0]
+         and str(o["rank_text"]).startswith("beats")),
         (f"press league: safe ratio oracle {o['safe_ratio_text']} ≥ random {rows['random']['safe_ratio_text']} and "
          f"anti_oracle {rows['anti_oracle']['safe_ratio_text']}", safe_ok),
         (f"press league: α* oracle {o['alpha_star_text']} no earlier than random {rows['random']['alpha_star_text']} "

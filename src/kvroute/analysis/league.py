@@ -22,7 +22,8 @@ Every number comes from an estimator defined elsewhere; this module only lines t
 
 **Order: paired comparison** (:mod:`kvroute.analysis.paired`). Within (model, regime), every
 pair of presses is compared on the instances both have at every matched ratio — the difference of
-the mean area under each instance's H(α), with a paired instance bootstrap, Holm-adjusted over the
+the mean area under each instance's H(α), with a paired instance bootstrap interval and a
+within-instance sign-flip randomization p-value, Holm-adjusted over the
 pairs — and ``rank`` = 1 + the number of presses that beat the row's press in a decided pair; presses
 that share a rank are tied (``rank_text`` names whom each beats, loses to and is tied with). Rows of
 one rank are listed by their area (``area``, smaller first), which orders nothing: it only lists.
