@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch at the locked version (a CUDA machine may install its own build of it first)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet -c $(LOCK) torch
-	$(PY) -m pip install --quiet -c $(LOCK) -e ".[dev]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[dev,kernel]"
 	touch $(STAMP)
 
 # Re-resolve the newest versions pyproject.toml allows in a scratch venv and write them to constraints.txt
@@ -29,7 +29,7 @@ lock:
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install --quiet --upgrade pip; \
 	"$$tmp/venv/bin/python" -m pip install --quiet torch==$(TORCH); \
-	"$$tmp/venv/bin/python" -m pip install --quiet -e ".[dev]"; \
+	"$$tmp/venv/bin/python" -m pip install --quiet -e ".[dev,kernel]"; \
 	{ sed -n '/^#/p' $(LOCK) 2>/dev/null || true; "$$tmp/venv/bin/python" -m pip freeze --all --exclude-editable \
 	  | grep -v '^pip==' | sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > "$$tmp/lock.txt"; \
 	mv "$$tmp/lock.txt" $(LOCK); echo "wrote $(LOCK); run make test"

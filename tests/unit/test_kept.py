@@ -4,13 +4,15 @@ Each case runs the masked attention function twice on the same inputs: once with
 explicit one-shot form (softmax over the masked scores), and also checks the kernel's raw output and log-sum-exp
 against a dense reference. Cells that keep nothing, cells that keep everything, contexts shorter and longer than the
 kernel's span (256 positions) and block (128 kept entries), several head sizes, GQA groups and query counts, and a
-context K/V with room to spare (row stride ≠ head size) are covered. The kernel needs AVX-512 and a C++ compiler:
-without them these tests skip, except under CI=true, where the machine has both and a missing kernel is a failure.
+context K/V with room to spare (row stride ≠ head size) are covered. The kernel needs AVX-512, a C++ compiler and ninja:
+without them these tests skip, except under CI=true, where the machine has them and a missing kernel is a failure.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 import pytest
 import torch
@@ -209,3 +211,30 @@ def test_few_rows_steps_of_a_whole_block_at_every_head_size(kernel, D):
     ref = torch.einsum("bhrt,htd->bhrd", scores.softmax(-1), v)
     out = out[0] if isinstance(out, tuple) else out
     torch.testing.assert_close(out if out.shape == ref.shape else out.transpose(0, 1), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("ninja", [False, True])
+def test_a_kernel_that_cannot_be_built_leaves_pytorchs_kernels_and_one_log_line(ninja, monkeypatch, caplog):
+    """Without ninja (the ``kernel`` extra) no build is tried: the masked attention takes PyTorch's kernels and one
+    log line names the extra that adds it. With ninja, a failed build falls back the same way, without that hint."""
+    import torch.utils.cpp_extension as cpp
+
+    def load(**kw):
+        assert ninja, "a build was tried without ninja"
+        raise RuntimeError("Error building extension\ng++: fatal error: no input files")
+
+    monkeypatch.setattr(kept, "ENABLED", True)
+    monkeypatch.setattr(kept, "_avx512", lambda: True)  # the kernel would apply here but for the build
+    if not ninja:
+        monkeypatch.setitem(sys.modules, "ninja", None)  # `import ninja` fails: the wheel is not installed
+    monkeypatch.setattr(cpp, "is_ninja_available", lambda: ninja)
+    monkeypatch.setattr(cpp, "load", load)
+    monkeypatch.setattr(kept, "kernel", kept.kernel.__wrapped__)  # built anew, not the cached module
+    path = os.environ.get("PATH")
+    with caplog.at_level(logging.INFO, logger=kept.log.name):
+        assert not kept.kept_available(torch.zeros(2, 3, 1, 64), rows=3)
+    assert os.environ.get("PATH") == path
+    (line,) = [r.getMessage() for r in caplog.records if r.name == kept.log.name]
+    assert "\n" not in line and "PyTorch's kernels run" in line
+    assert ("pip install 'kvroute[kernel]'" in line) == (not ninja)
+    assert ("ninja" in line) == (not ninja) and ("no input files" in line) == ninja

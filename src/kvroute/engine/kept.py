@@ -14,9 +14,10 @@ tens of MB for an 8B model's 64 cells at 32k tokens, beside gigabytes of context
 gathered and chunked forms where it applies (:data:`KEPT_MAX_ROWS`).
 
 The kernel is C++ with AVX-512 intrinsics, float32 only, built once per machine at first use through
-``torch.utils.cpp_extension`` (a C++ compiler and ninja; ``ninja`` is a dependency) into PyTorch's extension cache.
-Where it cannot be built or run (no AVX-512, no compiler, another dtype or device, a head size it was not
-instantiated for) the masked attention uses PyTorch's kernels as before, with the same results to float32 rounding
+``torch.utils.cpp_extension`` (a C++ compiler and ninja: the ``kernel`` extra, ``pip install 'kvroute[kernel]'``,
+which ``make`` installs) into PyTorch's extension cache. Where it cannot be built or run (no AVX-512, no compiler, no
+ninja, another dtype or device, a head size it was not instantiated for) the masked attention uses PyTorch's kernels
+as before, with the same results to float32 rounding
 (tests/unit/test_kept.py); ``KVROUTE_KEPT_KERNEL=0`` turns it off. ``benchmarks/attention_kernels.py`` times it
 beside the other forms.
 """
@@ -80,20 +81,23 @@ def kernel() -> Any | None:
         log.info("kept-entries attention kernel: this CPU has no AVX-512; PyTorch's kernels run")
         return None
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import is_ninja_available, load
     except ImportError as e:  # pragma: no cover - part of every PyTorch
         log.warning("kept-entries attention kernel unavailable (%s); PyTorch's kernels run", e)
         return None
     path = os.environ.get("PATH", "")
     try:
-        import ninja  # the build tool, from the ``ninja`` wheel: its binary need not be on PATH
+        import ninja  # the build tool, from the ``ninja`` wheel (the ``kernel`` extra): its binary need not be on PATH
 
         os.environ["PATH"] = str(ninja.BIN_DIR) + os.pathsep + path
     except ImportError:
         pass
+    have_ninja = is_ninja_available()  # the wheel's or a system one on PATH
     try:
         from kvroute.console import err_console
 
+        if not have_ninja:  # before the "building" line: this build would fail, and PyTorch's kernels run
+            raise RuntimeError("ninja, the build tool, is not installed")
         name = _build_name(flags)
         directory = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "") or Path.home() / ".cache" / "torch_extensions")
         if not any(directory.glob(f"*/{name}/{name}*.so")):
@@ -101,8 +105,9 @@ def kernel() -> Any | None:
         return load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # noqa: BLE001 - any build or load failure: the PyTorch kernels still give the results
-        log.warning("kept-entries attention kernel could not be built (%s: %s); PyTorch's kernels run",
-                    type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
+        log.warning("kept-entries attention kernel could not be built (%s: %s); PyTorch's kernels run%s",
+                    type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "",
+                    "" if have_ninja else "; pip install 'kvroute[kernel]' adds ninja to build it")
         return None
     finally:
         os.environ["PATH"] = path
