@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -13,7 +13,7 @@ from kvroute.cli.core import (
     _App,
     app,
 )
-from kvroute.console import RichProgress, console
+from kvroute.console import RichProgress, console, print_json, print_table
 
 models_app = _App(help="The embedded model zoo.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
@@ -30,32 +30,41 @@ def _human(n: float) -> str:
 @models_app.command("list")
 def models_list(
     wide: Annotated[bool, typer.Option("--wide", help="Also show the original model id and notes.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the zoo as JSON: a list of objects, one per model, "
+                                                         "with every field (--wide's too).")] = False,
 ) -> None:
     """List the embedded models: architecture, layers, heads, size, source, and whether pulled."""
     from kvroute.models import ZOO, kvroute_home
-    from kvroute.models.fetch import is_pulled, pulled_problem
+    from kvroute.models.fetch import is_pulled, model_dir, pulled_problem
 
-    t = Table(title=f"kvroute model zoo (cache: {kvroute_home()})")
-    t.add_column("name", no_wrap=True)
-    for col in ("arch", "layers", "heads q/kv", "params", "quant", "source", "download", "cached"):
-        t.add_column(col)
-    if wide:
-        t.add_column("original")
-        t.add_column("notes")
-    damaged = []
+    rows: list[dict[str, Any]] = []
     for name, e in ZOO.items():
-        cached = Text("no")
-        if is_pulled(name):
-            problem = pulled_problem(name)  # sizes and safetensors headers: cheap, no hashing
-            cached = Text("damaged", style="red") if problem else Text("yes", style="green")
-            if problem:
-                damaged.append((name, problem))
-        row = [name, e.architecture, str(e.layers), f"{e.heads}/{e.kv_heads}", _human(e.params),
-               e.quantization, e.source, f"{e.download_size / 1e6:.0f} MB"]
-        t.add_row(*row, cached, *([e.original, e.notes] if wide else []))
-    console.print(t)
-    for name, problem in damaged:
-        console.print(Text(f"{name}: {problem}; pull it again: kvroute models pull {name} --force", style="yellow"))
+        pulled = is_pulled(name)
+        problem = pulled_problem(name) if pulled else None  # sizes and safetensors headers: cheap, no hashing
+        cached = "damaged" if problem else "yes" if pulled else "no"
+        rows.append({"name": name, "architecture": e.architecture, "layers": e.layers, "heads": e.heads,
+                     "kv_heads": e.kv_heads, "params": e.params, "quantization": e.quantization, "source": e.source,
+                     "packages": [part.package for part in e.parts], "download_bytes": e.download_size,
+                     "cached": cached, "problem": problem, "folder": str(model_dir(name)), "original": e.original,
+                     "notes": e.notes})
+    if as_json:
+        print_json(rows)
+        return
+    t = Table(title="kvroute model zoo")
+    for col in ("name", "arch", "layers", "heads q/kv", "params", "quant", "source", "download", "cached",
+                *(("original", "notes") if wide else ())):
+        t.add_column(col, overflow="fold")
+    styles = {"yes": "green", "damaged": "red", "no": ""}
+    for r in rows:
+        t.add_row(r["name"], r["architecture"], str(r["layers"]), f"{r['heads']}/{r['kv_heads']}", _human(r["params"]),
+                  r["quantization"], r["source"], f"{r['download_bytes'] / 1e6:.0f} MB",
+                  Text(r["cached"], style=styles[r["cached"]]), *([r["original"], r["notes"]] if wide else []))
+    print_table(t, console)
+    console.print(f"cache: {kvroute_home()}", highlight=False, soft_wrap=True)
+    for r in rows:
+        if r["problem"]:
+            console.print(Text(f"{r['name']}: {r['problem']}; pull it again: kvroute models pull {r['name']} --force",
+                               style="yellow"))
 
 
 @models_app.command("pull")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,7 +16,7 @@ from kvroute.cli.core import (
     app,
     load_model_cli,
 )
-from kvroute.console import RichProgress, console
+from kvroute.console import RichProgress, console, print_json, print_table
 from kvroute.errors import KvrouteError
 
 presses_app = _App(help="Scorers and selection strategies (a press is scorer or scorer+selection).",
@@ -25,53 +25,46 @@ app.add_typer(presses_app, name="presses")
 
 
 @presses_app.command("list")
-def presses_list() -> None:
+def presses_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON: a list of objects, each with "
+                                                         "a kind (scorer, selection, kvpress_not_offered, "
+                                                         "refused_plugin) and a name.")] = False,
+) -> None:
     ("List the scorers (built-in and installed plugins), the selection strategies, "
      "and kvpress's presses not offered.")
-    from kvroute.presses import SCORERS, SELECTIONS
-    from kvroute.presses.catalogue import CATALOGUE
-    from kvroute.presses.plugins import plugin_names, plugins, refused_line, source
-
+    rows = _press_rows()
+    if as_json:
+        print_json(rows)
+        return
     t = Table(title="scorers", show_lines=False)
     for col in ("name", "source", "parameters (defaults)", "scored", "reads", "extra cost", "vs kvpress",
                 "description"):
         t.add_column(col, overflow="fold")
-    broken = []
-    for name in [*SCORERS.names(), *plugin_names()]:
-        try:
-            cls = SCORERS.get(name)  # a plugin is imported here, and only here when listing
-        except KvrouteError as e:  # a broken plugin: its row says so, the other presses are listed
-            t.add_row(name, source(name), "-", "-", "-", "-", "-", "failed to import (see below)")
-            broken.append(str(e))
-            continue
-        params = ", ".join(f"{k}={v}" for k, v in cls.parameters().items()) or "-"
-        reads = [what for flag, what in ((cls.needs_attentions, "N×N prefill map"),
-                                         (cls.needs_evidence, "evidence spans"),
-                                         (cls.needs_question_window, "question in the prefix")) if flag is True]
-        scored = "per ratio" if cls.ratio_dependent is True else "once"
-        if cls.default_selection != "per_head":
-            scored += f"; default +{cls.default_selection}"
-        t.add_row(name, source(name), params, scored, ", ".join(reads) or "-", cls.extra_cost or "-",
-                  _kvpress_status(name, source(name)), cls.description)
-    console.print(t)
-    for line in broken + [refused_line(p) for p in plugins() if p.problem is not None]:
-        console.print(Text(line, style="yellow"))
+    for row in rows:
+        if row["kind"] == "scorer" and "error" in row:  # a broken plugin: its row says so, the others are listed
+            t.add_row(row["name"], row["source"], "-", "-", "-", "-", "-", "failed to import (see below)")
+        elif row["kind"] == "scorer":
+            t.add_row(row["name"], row["source"], _params(row["parameters"]), row["scored"],
+                      ", ".join(row["reads"]) or "-", row["extra_cost"] or "-", row["vs_kvpress"], row["description"])
+    print_table(t, console)
+    for row in rows:
+        if "error" in row:
+            console.print(Text(row["error"], style="yellow"))
     t = Table(title="selection strategies")
     for col in ("name", "parameters (defaults)", "kvpress", "description"):
         t.add_column(col, overflow="fold")
-    kvpress_of = {entry.name: entry.kvpress for entry in CATALOGUE if entry.status == "selection"}
-    kvpress_of.update({"per_head": "ScorerPress", "global": "KVzipPress (its selection)"})
-    for name, selection in SELECTIONS.items():
-        params = ", ".join(f"{k}={v}" for k, v in selection.parameters().items()) or "-"
-        t.add_row(name, params, kvpress_of.get(name, "- (kvroute's own)"), selection.description)
-    console.print(t)
+    for row in rows:
+        if row["kind"] == "selection":
+            t.add_row(row["name"], _params(row["parameters"]), row["kvpress"] or "- (kvroute's own)",
+                      row["description"])
+    print_table(t, console)
     t = Table(title="kvpress presses not offered here")
     for col in ("kvpress", "why"):
         t.add_column(col, overflow="fold")
-    for entry in CATALOGUE:
-        if not entry.offered and entry.status != "base class":
-            t.add_row(f"{entry.kvpress} ({entry.name})", f"{entry.status}: {entry.why}")
-    console.print(t)
+    for row in rows:
+        if row["kind"] == "kvpress_not_offered":
+            t.add_row(f"{row['kvpress']} ({row['name']})", f"{row['status']}: {row['why']}")
+    print_table(t, console)
 
     console.print("A press is [bold]scorer[/bold] or [bold]scorer+selection[/bold] (default selection: per_head, "
                   "unless the scorer's row names another), "
@@ -80,6 +73,45 @@ def presses_list() -> None:
                            "module:Class (a kvpress ScorerPress or kvroute Scorer subclass), or a plugin "
                            "installed under the entry-point group kvroute.presses; check it against kvpress "
                            "with kvroute presses check."))
+
+
+def _params(parameters: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in parameters.items()) or "-"
+
+
+def _press_rows() -> list[dict[str, Any]]:
+    """What `presses list` lists, one object per row (its ``--json``): the scorers (a plugin that failed to import
+    with its ``error``), the plugins refused, the selection strategies and kvpress's presses not offered."""
+    from kvroute.presses import SCORERS, SELECTIONS
+    from kvroute.presses.catalogue import CATALOGUE
+    from kvroute.presses.plugins import plugin_names, plugins, refused_line, source
+
+    rows: list[dict[str, Any]] = []
+    for name in [*SCORERS.names(), *plugin_names()]:
+        try:
+            cls = SCORERS.get(name)  # a plugin is imported here, and only here when listing
+        except KvrouteError as e:
+            rows.append({"kind": "scorer", "name": name, "source": source(name), "error": str(e)})
+            continue
+        reads = [what for flag, what in ((cls.needs_attentions, "N×N prefill map"),
+                                         (cls.needs_evidence, "evidence spans"),
+                                         (cls.needs_question_window, "question in the prefix")) if flag is True]
+        scored = "per ratio" if cls.ratio_dependent is True else "once"
+        if cls.default_selection != "per_head":
+            scored += f"; default +{cls.default_selection}"
+        rows.append({"kind": "scorer", "name": name, "source": source(name), "parameters": cls.parameters(),
+                     "scored": scored, "reads": reads, "extra_cost": cls.extra_cost or None,
+                     "vs_kvpress": _kvpress_status(name, source(name)), "description": cls.description})
+    rows += [{"kind": "refused_plugin", "name": p.name, "error": refused_line(p)}
+             for p in plugins() if p.problem is not None]
+    kvpress_of = {entry.name: entry.kvpress for entry in CATALOGUE if entry.status == "selection"}
+    kvpress_of.update({"per_head": "ScorerPress", "global": "KVzipPress (its selection)"})
+    rows += [{"kind": "selection", "name": name, "parameters": selection.parameters(),
+              "kvpress": kvpress_of.get(name), "description": selection.description}
+             for name, selection in SELECTIONS.items()]
+    rows += [{"kind": "kvpress_not_offered", "name": entry.name, "kvpress": entry.kvpress, "status": entry.status,
+              "why": entry.why} for entry in CATALOGUE if not entry.offered and entry.status != "base class"]
+    return rows
 
 
 def _kvpress_status(name: str, where: str) -> str:

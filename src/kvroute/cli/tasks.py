@@ -15,7 +15,7 @@ from kvroute.cli.core import (
     app,
 )
 from kvroute.cli.tasks_import import register as register_import
-from kvroute.console import RichProgress, console
+from kvroute.console import RichProgress, console, print_json, print_table
 
 tasks_app = _App(help="Task families and real datasets: list, generate, show, import, niah, grid.",
                  no_args_is_help=True)
@@ -37,7 +37,7 @@ def tasks_list() -> None:
         notes = [f"max distractors {d['max_distractors']}"] + (["unanswerable items"] if d["unanswerable"] else [])
         t.add_row(name, str(d["version"]), levels, ", ".join(d["answer_types"]), ", ".join(d["question_types"]),
                   "; ".join(notes))
-    console.print(t)
+    print_table(t, console)
     console.print(f"knobs (kvroute tasks generate --help): {', '.join(get_family('base').describe()['knobs'])}")
 
 
@@ -86,18 +86,25 @@ def tasks_show(
     file: Annotated[Path, typer.Argument(help="Task file (.jsonl or .json).")],
     n: Annotated[int, typer.Option("--n", help="How many instances to show.")] = 3,
     skip: Annotated[int, typer.Option(help="Start after this many instances.")] = 0,
-    max_chars: Annotated[int | None, typer.Option(help="Cut long contexts after this many characters.")] = 2000,
+    max_chars: Annotated[int | None, typer.Option(help="Cut long contexts after this many characters, 0: never "
+                                                       "(default: 2000 at a terminal, never elsewhere).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the instances as JSON: a list of objects, as the "
+                                                         "task file holds them (contexts whole).")] = False,
 ) -> None:
     """Show instances readably: evidence underlined, answers green, distractors red."""
     from kvroute.tasks import load_tasks
     from kvroute.tasks.show import LEGEND, instance_panel
 
     instances = load_tasks(file)
+    shown = instances[skip:skip + n]
+    if as_json:
+        print_json([inst.to_dict() for inst in shown])
+        return
+    if max_chars is None:  # a pipe or a file gets the whole context: nothing it holds is cut
+        max_chars = 2000 if console.is_terminal else 0
     console.print(Text.assemble(f"{file}: {len(instances)} instances   ", LEGEND))
-    for inst in instances[skip:skip + n]:
-        console.print(instance_panel(inst, max_chars=max_chars))
-
-
+    for inst in shown:
+        console.print(instance_panel(inst, max_chars=max_chars or None, width=console.width))
 
 
 register_import(tasks_app)  # tasks import | niah | grid

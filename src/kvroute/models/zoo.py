@@ -66,7 +66,7 @@ class ZooEntry:
         if len(self.parts) == 1:
             return f"PyPI {self.parts[0].package}"
         first, last = self.parts[0].package, self.parts[-1].package
-        return f"PyPI {first}…{last.rsplit('part', 1)[-1]}"
+        return f"PyPI {first} to part{last.rsplit('part', 1)[-1]}"
 
     @property
     def download_size(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from rich.cells import cell_len
 from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
@@ -56,8 +57,9 @@ def highlighted_context(inst: TaskInstance) -> Text:
     return text
 
 
-def instance_panel(inst: TaskInstance, *, max_chars: int | None = None) -> Panel:
-    """One instance as a panel: tags, highlighted context, question, answers, distractors."""
+def instance_panel(inst: TaskInstance, *, max_chars: int | None = None, width: int | None = None) -> Panel:
+    """One instance as a panel: tags, highlighted context, question, answers, distractors. Its title (family, version,
+    id) goes in the border where it fits ``width`` (rich would cut it there), else in its first line, wrapped."""
     ctx = highlighted_context(inst)
     if max_chars is not None and len(inst.context) > max_chars:
         ctx = ctx[:max_chars]
@@ -78,6 +80,8 @@ def instance_panel(inst: TaskInstance, *, max_chars: int | None = None) -> Panel
         answers,
         Text.assemble(("distractors ", "bold"), (visible(" | ".join(inst.distractors)) or "—", DISTRACTOR_STYLE)),
     ]
+    if width is not None and cell_len(title.plain) > width - 6:  # "╭─ " … " ─╮": rich cuts a longer title
+        return Panel(Group(title, *rows))
     return Panel(Group(*rows), title=title, title_align="left")
 
 
