@@ -111,7 +111,8 @@ def league(df: pd.DataFrame) -> tuple[list[str], list[tuple[str, bool | None]]]:
     """The report's press league over the three controls, and its expected ordering: the oracle first.
 
     The league ranks by paired comparison (kvroute.analysis.paired): the oracle must be rank 1 and beat
-    anti_oracle in a decided pair (evicting the evidence first cannot hallucinate less). At matched budgets the oracle keeps the evidence, so its hallucination rate must stay at the baseline
+    anti_oracle in a decided pair (evicting the evidence first cannot hallucinate less). At matched budgets the
+    oracle keeps the evidence, so its hallucination rate must stay at the baseline
     at least as far as either other control's (safe ratio), and its cliff must come no earlier (α*; a
     curve without a cliff in the tested range counts as later than any). Random and anti_oracle are not
     ordered by the output (random also evicts the instruction and template, which anti_oracle keeps).

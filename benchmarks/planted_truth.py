@@ -100,6 +100,11 @@ def mutation_table(rows: list[dict]) -> list[str]:
             add("press league (paired)", "pairing (order by safe ratio, then α*)",
                 f"{r['pair']}, {r['n_instances']} inst., churn {r['churn']:g}", "reversal ≤ 0.05",
                 r["reversal"], r["safe_rule_reversal"], lambda v: v <= 0.05)
+    for r in by.get("league", []):
+        if r.get("mutant_rejection_rate") is not None:
+            add("press league (sign-flip decision)", "exactness (percentile-bootstrap p)",
+                f"symmetric null, {r['n_instances']} inst.", "decided ≤ 0.05", r["rejection_rate"],
+                r["mutant_rejection_rate"], lambda v: v <= 0.05)
     for r in by.get("probe", []):
         add("identity probe (whole-procedure interval)", "the procedure inside the bootstrap (fixed credits)",
             f"readout of accuracy 0.65, {r['n_instances']} inst.", "no zero-width interval",

@@ -26,8 +26,9 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from kvroute.analysis.bootstrap import resample_weights
 from kvroute.analysis.cliff import cliff_tables
-from kvroute.analysis.paired import paired_comparisons
+from kvroute.analysis.paired import paired_comparisons, sign_flip_p
 
 RATIOS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95)
 TIE_AREA = 1e-9
@@ -123,11 +124,36 @@ def league_rates(pair: tuple[str, str], n: int, churn: float, n_sets: int, seed:
     return out
 
 
+def bootstrap_p(d: np.ndarray, rng: np.random.Generator, n_boot: int = N_BOOT) -> float:
+    """The mutant decision: the two-sided percentile-bootstrap p of the mean paired difference (the former rule)."""
+    reps = resample_weights(len(d), n_boot, rng) @ d / len(d)
+    return min(1.0, 2 * min((1 + (reps <= 0).sum()) / (n_boot + 1), (1 + (reps >= 0).sum()) / (n_boot + 1)))
+
+
+def decision_size(n: int, n_sets: int, seed: int) -> dict[str, object]:
+    """Size of the pair decision under a true null: paired area differences symmetric about 0, most of them 0
+    (instances whose answers agree on both presses), as at small ``n`` in a real league. The sign-flip test must
+    reject in ≤ 5% of sets; the mutant is the percentile-bootstrap p-value."""
+    rng = np.random.default_rng([seed, n, 77])
+    flip = boot = 0
+    for _ in range(n_sets):
+        d = rng.choice([-1, 0, 0, 0, 1], size=n) * rng.choice([0.2, 0.5, 1.0], size=n)
+        flip += sign_flip_p(d, n_draws=N_BOOT, rng=rng) <= 0.05
+        boot += bootstrap_p(d, rng) <= 0.05
+    return {"estimator": "paired league", "parameter": "decision size", "truth": "tie", "n_sets": n_sets,
+            "pair": "symmetric differences (null)", "n_instances": n, "churn": None, "true_area_difference": 0.0,
+            "correct_order": None, "reversal": flip / n_sets, "mean_estimate": None, "coverage": None,
+            "rejection_rate": flip / n_sets, "mutant_rejection_rate": boot / n_sets,
+            "note": "a pair decided under a true null; the mutant decides by the percentile-bootstrap p"}
+
+
 def coverage(n_sets: int = 200, seed: int = 0) -> list[dict]:
-    """Rows over the planted pairs × churn {0, 0.06, 0.12} × instances {32, 64, 200} (see the module docstring)."""
+    """Rows over the planted pairs × churn {0, 0.06, 0.12} × instances {32, 64, 200} (see the module docstring),
+    then the decision's size under a null at 10, 16 and 32 instances (10 × ``n_sets`` sets each)."""
     rows = []
     for pair in PAIRS:
         for churn in (0.0, 0.06, 0.12):
             for n in (32, 64, 200):
                 rows.append(league_rates(pair, n, churn, n_sets, seed, with_safe_rule=(n == 64)))
+    rows += [decision_size(n, 10 * n_sets, seed) for n in (10, 16, 32)]
     return rows
