@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.kvroute-installed
 PYTEST := $(PY) -m pytest
 LOCK   := constraints.txt
 
-.PHONY: demo test test-slow test-all bench lint check venv clean lock
+.PHONY: demo test test-fast test-slow test-all bench lint check venv clean lock
 
 venv: $(STAMP)
 
@@ -39,6 +39,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTEST) -m "not slow"
+
+# the edit-run loop: unit tests without the statistical ones, on every core (pytest-xdist); `make test` is the gate
+test-fast: $(STAMP)
+	$(PYTEST) tests/unit -m "not slow and not statistical and not embedded" -n auto -q
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow

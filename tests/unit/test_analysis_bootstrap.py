@@ -22,6 +22,7 @@ def _clustered(rng: np.random.Generator, n_inst: int = 50, cells: int = 4) -> pd
     return pd.DataFrame({"instance_id": inst, "cell": np.arange(n_inst * cells), "v": v})
 
 
+@pytest.mark.statistical
 def test_intervals_cover_the_truth_at_about_their_nominal_rate():
     rng = np.random.default_rng(2024)
     hits_instance = hits_cell = 0

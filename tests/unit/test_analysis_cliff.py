@@ -19,6 +19,7 @@ def _records(h_of_instance_ratio, n=50, ratios=RATIO_GRID, **tags) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
+@pytest.mark.statistical
 def test_a_step_function_gives_its_step_as_alpha_star():
     df = _records(lambda i, r: r >= 0.85)
     curves, cliffs = cliff_tables(df, n_boot=200)
@@ -54,6 +55,7 @@ def test_no_cliff_and_unidentified_midpoints_are_reported_not_invented():
     assert cliffs.iloc[0].status == "no_cliff" and pd.isna(cliffs.iloc[0].alpha_star)
 
 
+@pytest.mark.statistical
 def test_synthetic_midpoints_are_recovered_within_their_intervals():
     spec = SyntheticSpec(families=("base", "knowledge"), long_context_lengths=(), n_instances=60, seed=1)
     _, cliffs = cliff_tables(synthetic_records(spec), n_boot=300)
@@ -73,6 +75,7 @@ def test_susceptibility_between_adjacent_ratios():
     np.testing.assert_allclose(chi, [np.nan, 0.2, 2.0, 0.4])
 
 
+@pytest.mark.statistical
 def test_safe_ratio_on_a_hand_made_example():
     # 100 instances: H = 0, 0, 1%, 30%, then 0% again at 0.8 (the safe ratio must not jump past 0.7)
     ratios = (0.0, 0.25, 0.5, 0.7, 0.8)
@@ -103,6 +106,7 @@ def test_baseline_cells_are_shared_by_every_press():
 
 
 @pytest.mark.parametrize(("law", "verdict"), [("budget", "fixed budget"), ("ratio", "fixed ratio")])
+@pytest.mark.statistical
 def test_context_length_verdict_follows_the_law_built_in(law, verdict):
     spec = SyntheticSpec(families=(), long_context_lengths=(256, 512, 1024), law=law, n_instances=60,
                          base_alpha_star=0.8, models=SyntheticSpec().models[:1], presses=("ea",), press_offsets=(0.0,))
@@ -180,6 +184,7 @@ def _edge_records(n=60):
                     n=n)
 
 
+@pytest.mark.statistical
 def test_replicates_obey_the_edge_rule_and_open_the_interval_instead_of_clamping():
     from kvroute.analysis.cliff import analyse_curve
 
@@ -196,6 +201,7 @@ def test_replicates_obey_the_edge_rule_and_open_the_interval_instead_of_clamping
     assert "beyond" in c.alpha_star_interval or "not identified" in c.alpha_star_interval
 
 
+@pytest.mark.statistical
 def test_the_headline_states_an_unidentified_interval_instead_of_a_number():
     from kvroute.analysis.summary import AnalysisConfig, run_analysis
 
@@ -275,6 +281,7 @@ def test_cliff_tables_carry_the_cross_check_beside_the_sigmoid():
     assert "rounded out to the tested ratios" in c.alpha_half_interval and "tested ratios" in c.alpha_half_rule
 
 
+@pytest.mark.statistical
 def test_a_crossing_in_a_wide_gap_gets_the_gap_not_a_degenerate_bootstrap_interval():
     # the rise falls in the 0.5–0.7 gap and rests on one instance failing at 0.5: every bootstrap replicate
     # interpolates a crossing close to the point estimate, yet the data cannot place it inside the gap
@@ -312,6 +319,7 @@ def test_crossing_interval_rounds_out_to_the_bracketing_ratios_and_keeps_open_en
     assert iv["state"] == "open_above" and iv["low"] == 0.8 and iv["high"] is None
 
 
+@pytest.mark.statistical
 def test_the_caused_view_keeps_the_instances_right_uncompressed():
     from kvroute.analysis.common import caused_view
 

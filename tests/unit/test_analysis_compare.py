@@ -26,6 +26,7 @@ def _records(shift: float, n: int = 40, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows).drop_duplicates(subset=["instance_id", "press", "ratio"])
 
 
+@pytest.mark.statistical
 def test_a_shifted_cliff_is_found_with_an_interval_that_excludes_zero():
     out = selection_comparison(_records(0.2), n_boot=300)
     row = out[out["press_a"] == "ea+adakv"].iloc[0]
@@ -34,6 +35,7 @@ def test_a_shifted_cliff_is_found_with_an_interval_that_excludes_zero():
     assert row["delta_h_top"] < 0
 
 
+@pytest.mark.statistical
 def test_no_shift_gives_an_interval_around_zero():
     out = selection_comparison(_records(0.0), n_boot=300)
     row = out.iloc[0]

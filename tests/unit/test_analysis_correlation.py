@@ -127,6 +127,7 @@ def test_confounded_null_has_a_high_pooled_r_but_no_within_ratio_effect():
     assert w.n_cells == 750 and w.n_instances_fit == w.n_strata_fit <= 150 and w.strata.startswith("instance")
 
 
+@pytest.mark.statistical
 def test_within_ratio_effect_is_recovered():
     df = _records(beta=3.0, n=250, seed=2)
     w = within_ratio_link(df, n_boot=300).iloc[0]

@@ -136,6 +136,7 @@ def test_no_failures_means_no_dominant_mode():
     assert failure_decomposition(ok, n_boot=50).iloc[0].erasure_share is None
 
 
+@pytest.mark.statistical
 def test_summary_reports_the_outcome_rule_and_the_undefined_class():
     from kvroute.analysis.summary import AnalysisConfig, run_analysis
     from kvroute.analysis.synthetic import SyntheticSpec, synthetic_records

@@ -10,6 +10,8 @@ from kvroute.analysis.summary import AnalysisConfig, run_analysis
 from kvroute.analysis.synthetic import SyntheticModel, SyntheticSpec, synthetic_records
 from kvroute.report.league import league_html
 
+pytestmark = pytest.mark.statistical  # planted-truth coverage over many simulated sets: `make test-fast` leaves it out
+
 N_BOOT = 200
 #: planted α* per press: base 0.85 plus the press offset; "flat" has its midpoint far past the grid (no cliff in range)
 PLANTED = {"early+adakv": 0.6, "late+adakv": 0.85, "flat+adakv": 1.2}

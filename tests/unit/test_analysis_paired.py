@@ -26,6 +26,7 @@ def test_identical_presses_are_a_tie_with_p_one():
     assert r["difference"] == 0 and r["p_value"] == 1.0
 
 
+@pytest.mark.statistical
 def test_the_reviewed_pair_is_ordered_right_by_the_paired_rule_and_wrong_by_the_safe_ratio():
     # the estimator review's case: flat to 0.85 then a cliff, against a press rising from 0.5, with answer churn;
     # ranking by safe ratio (then α*) put the worse press first in about a third of the sets
@@ -37,11 +38,13 @@ def test_the_reviewed_pair_is_ordered_right_by_the_paired_rule_and_wrong_by_the_
 @pytest.mark.parametrize(("pair", "n", "churn"), [(("skewed", "gompertz"), 32, 0.12),
                                                   (("high_baseline", "high_baseline_early"), 200, 0.06),
                                                   (("two_step", "early_riser"), 64, 0.0)])
+@pytest.mark.statistical
 def test_planted_orders_are_never_reversed(pair, n, churn):
     r = league_rates(pair, n, churn, 40, seed=1)
     assert r["reversal"] <= 0.05, r
 
 
+@pytest.mark.statistical
 def test_a_planted_tie_is_called_at_most_at_the_test_level():
     r = league_rates(("skewed", "skewed"), 64, 0.12, 100, seed=2)
     assert r["truth"] == "tie" and r["reversal"] <= 0.07, r  # 5% level; 100 sets add ±0.02
@@ -74,6 +77,7 @@ def _unpaired(df: pd.DataFrame, rng: np.random.Generator) -> bool:
     return bool(lo > 0 or hi < 0)
 
 
+@pytest.mark.statistical
 def test_pairing_is_what_gives_the_league_its_power():
     # hard instances fail on both presses and at every ratio: pairing cancels them, resampling presses apart
     # does not, and two presses 0.06 apart in area are then rarely told apart at 64 instances

@@ -60,6 +60,7 @@ def test_probe_by_ratio_leaves_out_rare_classes_and_says_so():
     assert row.n_classes == 3 and row.macro_f1 > 0.95 and "rare (1)" in row.note
 
 
+@pytest.mark.statistical
 def test_the_type_probe_is_a_control_blind_to_evidence_loss_that_the_identity_probe_sees():
     """The issue's case: with every evidence token evicted the question still gives the type away (type
     probe ≈ 1), but nothing says which value is the answer (identity at chance)."""
@@ -84,6 +85,7 @@ def test_the_type_probe_is_a_control_blind_to_evidence_loss_that_the_identity_pr
     assert ident.loc[0.95, "accuracy_low"] <= ident.loc[0.95, "chance"] <= ident.loc[0.95, "accuracy_high"]
 
 
+@pytest.mark.statistical
 def test_the_shared_baseline_gets_one_identity_reading_for_every_press():
     from kvroute.analysis.probe import identity_by_ratio
 

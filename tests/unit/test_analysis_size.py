@@ -50,6 +50,7 @@ def test_a_flat_truth_reads_as_no_trend_not_as_a_size_effect():
     assert not t["pred_14B_has_paper"]
 
 
+@pytest.mark.statistical
 def test_planted_intervals_cover_the_true_slope_most_of_the_time():
     hits = []
     for seed in range(8):
@@ -100,6 +101,7 @@ def test_zoo_parameter_counts_are_the_model_cards():
     assert p["qwen2.5-1.5b"] == 1_540_000_000  # the loaded GGUF counts 1,777,088,000 (a separate output head)
 
 
+@pytest.mark.statistical
 def test_two_sizes_or_mixed_families_are_no_size_trend():
     # a real rise over three models, but of three families — or only two sizes of one: a difference of models
     df, _ = _planted(0.5)
@@ -112,6 +114,7 @@ def test_two_sizes_or_mixed_families_are_no_size_trend():
     assert loose[1].iloc[0]["verdict"] == "rises with size"
 
 
+@pytest.mark.statistical
 def test_families_pool_only_when_every_model_ran_the_same_instances():
     truth = {m: 0.7 + 0.05 * i for i, m in enumerate(PARAMS)}
     models = tuple(SyntheticModel(m, 4, 2, "llama", truth[m] - 0.7) for m in PARAMS)

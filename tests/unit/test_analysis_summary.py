@@ -20,6 +20,7 @@ def records(spec) -> pd.DataFrame:
     return synthetic_records(spec)
 
 
+@pytest.mark.statistical
 def test_summary_is_plain_json_with_headlines(records):
     s = analyze(records, n_boot=200)
     text = json.dumps(s, allow_nan=False)  # no NaN, no numpy types
@@ -45,6 +46,7 @@ def test_summary_is_plain_json_with_headlines(records):
         assert s[section], section
 
 
+@pytest.mark.statistical
 def test_missing_columns_skip_sections_with_a_note(records):
     consensus = [c for c in records.columns if c.startswith(("consensus", "rho"))]
     slim = records[records.family != "long_context"].drop(columns=[*consensus, "probe_features", "ger_all_layers"])
@@ -56,6 +58,7 @@ def test_missing_columns_skip_sections_with_a_note(records):
     assert a.summary["headline"][0]["p_h_given_evicted"] is None
 
 
+@pytest.mark.statistical
 def test_consensus_headline_is_sink_free_even_when_the_with_sink_profile_inverts(records):
     """The issue's SmolLM2 case: with sinks the profile falls (a 'funnel'), without them it rises."""
     df = records[records.family == "base"].copy()
@@ -80,6 +83,7 @@ def test_consensus_headline_is_sink_free_even_when_the_with_sink_profile_inverts
     assert a.tables["rigidity"].filter(like="consensus_nosink").shape[1] > 0
 
 
+@pytest.mark.statistical
 def test_old_consensus_names_still_analyse(records):
     old = records[records.family == "base"].rename(columns={"consensus_withsink": "consensus", "rho_withsink": "rho"})
     a = run_analysis(old, AnalysisConfig(n_boot=50))

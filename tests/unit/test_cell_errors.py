@@ -35,6 +35,7 @@ def test_error_reason_is_one_line_with_the_type():
     assert not issubclass(RuntimeError, CELL_ERRORS) and not issubclass(KeyboardInterrupt, CELL_ERRORS)
 
 
+@pytest.mark.statistical
 def test_errored_cells_change_no_estimate_and_are_counted(records):
     ok = records.assign(status="ok")
     bad = errored_rows(records)

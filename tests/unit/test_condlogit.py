@@ -47,6 +47,7 @@ def _scipy(feats: list[np.ndarray], l2: float, nonnegative: bool,
     return res.x / sd, lambda w_raw: loss(w_raw * sd)[0]
 
 
+@pytest.mark.statistical
 def test_projected_newton_reaches_the_lbfgsb_optimum_on_random_problems_with_and_without_active_bounds():
     rng = np.random.default_rng(0)
     n_active = 0

@@ -29,6 +29,7 @@ def _planted(n: int = 60, L: int = 12, signal: float = 0.0, layers: slice = slic
     return out
 
 
+@pytest.mark.statistical
 def test_a_planted_gold_signal_is_found_well_above_chance():
     r = identity_probe(_planted(signal=1.5))
     assert r["chance"] == pytest.approx(np.mean([1 / m.shape[0] for m in _planted(signal=1.5)]))
@@ -40,6 +41,7 @@ def test_a_planted_gold_signal_is_found_well_above_chance():
     assert r["n"] == 60 and r["n_instances"] == 60 and r["folds"] == 5 and r["null_folds"] == 0
 
 
+@pytest.mark.statistical
 def test_no_signal_reads_as_chance_and_the_interval_covers_it():
     r = identity_probe(_planted(signal=0.0, seed=2))
     assert r["accuracy_low"] <= r["chance"] <= r["accuracy_high"]
@@ -48,6 +50,7 @@ def test_no_signal_reads_as_chance_and_the_interval_covers_it():
     assert r["p_value"] > 0.01
 
 
+@pytest.mark.statistical
 def test_intervals_cover_chance_under_the_null_in_most_data_sets():
     runs = [identity_probe(_planted(n=40, signal=0.0, seed=s), n_boot=400, seed=s) for s in range(40)]
     covered = [r["accuracy_low"] <= r["chance"] <= r["accuracy_high"] for r in runs]
@@ -55,6 +58,7 @@ def test_intervals_cover_chance_under_the_null_in_most_data_sets():
     assert np.mean(covered) >= 0.85 and np.mean(false_alarm) <= 0.1
 
 
+@pytest.mark.statistical
 def test_signal_only_in_early_layers_is_invisible_to_the_untrained_readout_but_not_to_the_probe():
     r = identity_probe(_planted(signal=2.0, layers=slice(0, 4), seed=2))
     assert r["accuracy_low"] > r["chance"] + 0.2
@@ -68,6 +72,7 @@ def test_identical_candidates_earn_exactly_chance_whatever_the_order():
     assert r["null_folds"] == 5
 
 
+@pytest.mark.statistical
 def test_the_probe_is_blind_to_what_all_candidates_share():
     """A shift common to every candidate of an instance (the question's effect) changes nothing."""
     items = _planted(signal=1.0, seed=3)
@@ -92,6 +97,7 @@ def test_the_conditional_logit_recovers_the_planted_direction(nonnegative):
     assert np.allclose(w, w_true, atol=0.35)
 
 
+@pytest.mark.statistical
 def test_a_gold_the_model_disfavours_is_not_decoded_as_the_answer():
     """anti_oracle's pattern: the gold's mentions are evicted, the distractors' kept, so the gold is the
     *least* likely value. The probe reads only "more likely", so it stays at (or below) chance; an
@@ -123,6 +129,7 @@ def test_unusable_input_is_refused_clearly():
         identity_probe([np.zeros((2, 3))] * 5 + [np.zeros((2, 4))] * 5)
 
 
+@pytest.mark.statistical
 def test_folds_never_split_an_instance():
     """Two rows per instance (two seeds): the second copy of an instance never trains its own test fold."""
     items = _planted(n=30, signal=0.0, seed=5)
@@ -235,6 +242,7 @@ def test_identity_credit_splits_ties():
 
 # ---- failure modes found on SmolLM2-135M (mask controls): a fitted probe below chance, below its own readout --
 
+@pytest.mark.statistical
 def test_a_likelihood_favoured_but_mostly_wrong_direction_does_not_put_the_probe_below_chance():
     """The gold is usually a little behind its distractor and now and then far ahead: the likelihood
     wants a positive weight whose argmax is wrong most of the time. Fitted by likelihood alone, the
@@ -251,6 +259,7 @@ def test_a_likelihood_favoured_but_mostly_wrong_direction_does_not_put_the_probe
     assert r["accuracy_low"] <= r["chance"] <= r["accuracy_high"]
 
 
+@pytest.mark.statistical
 def test_a_signal_only_in_the_last_layer_is_read_at_least_as_well_as_the_untrained_readout():
     """SmolLM2's pattern: the gold's first token is a priori less likely (every layer but the last),
     and only the last layer prefers it. The probe must not be worse than its own special case, the
@@ -320,6 +329,7 @@ def test_an_abstaining_probe_never_prints_a_zero_width_interval():
     assert fixed == (0.5, 0.5)  # the mutation: the former interval, over the fixed credits, has zero width
 
 
+@pytest.mark.statistical
 def test_a_planted_readout_is_covered_by_the_whole_procedure_interval():
     rng = np.random.default_rng(6)
     covered = [(r["accuracy_low"] <= 0.65 <= r["accuracy_high"])

@@ -13,6 +13,15 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
+def _wide_console(monkeypatch):
+    """Wide enough that no summary line wraps, whatever terminal (or none, as in a pytest-xdist worker) runs this."""
+    from kvroute import console
+
+    for c in (console.console, console.err_console):
+        monkeypatch.setattr(c, "_width", 200)
+
+
+@pytest.fixture(autouse=True)
 def _wide(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
 

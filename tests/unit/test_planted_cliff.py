@@ -9,6 +9,8 @@ import pytest
 from kvroute.analysis.planted.cliff import ALPHA_STARS, CURVES, coverage, simulate, true_h
 from kvroute.analysis.synthetic import RATIO_GRID
 
+pytestmark = pytest.mark.statistical  # planted-truth coverage over many simulated sets: `make test-fast` leaves it out
+
 REQUIRED = {"estimator", "parameter", "truth", "n_sets", "mean_estimate", "coverage", "note"}
 
 

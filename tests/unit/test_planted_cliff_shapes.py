@@ -8,6 +8,8 @@ from kvroute.analysis.cliff import MAX_ALPHA_WIDTH, reported_interval
 from kvroute.analysis.planted import cliff_shapes
 from kvroute.analysis.synthetic import RATIO_GRID
 
+pytestmark = pytest.mark.statistical  # planted-truth coverage over many simulated sets: `make test-fast` leaves it out
+
 
 @pytest.fixture(scope="module")
 def rows() -> dict:

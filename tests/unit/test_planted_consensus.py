@@ -36,6 +36,7 @@ def test_hand_built_tensor_recovers_the_planted_counts_exactly():
         assert attn.sum(-1).allclose(attn.new_ones(()))  # rows are attention distributions
 
 
+@pytest.mark.statistical
 def test_random_planted_tensors_are_recovered_exactly_and_the_group_value_ignores_group_size():
     rows = {(r["estimator"], r["scenario"]): r for r in pc.coverage(n_sets=15, seed=2)}
     for G in pc.GROUP_SIZES:

@@ -10,6 +10,8 @@ import pytest
 from kvroute.analysis.decomposition import failure_classes, failure_decomposition
 from kvroute.analysis.planted.decomposition import SCENARIOS, coverage, simulate
 
+pytestmark = pytest.mark.statistical  # planted-truth coverage over many simulated sets: `make test-fast` leaves it out
+
 
 @pytest.fixture(scope="module")
 def rows():

@@ -5,6 +5,8 @@ import pytest
 
 from kvroute.analysis.planted import ger_link
 
+pytestmark = pytest.mark.statistical  # planted-truth coverage over many simulated sets: `make test-fast` leaves it out
+
 
 @pytest.fixture(scope="module")
 def rows():

@@ -282,6 +282,7 @@ def _planted_nulls(T, L, H, Hkv, n_ev, doc, plants, *, exchangeable):
 
 
 @pytest.mark.parametrize("exchangeable", [True, False], ids=["drawn-like-the-nulls", "nulls-drawn-around-it"])
+@pytest.mark.statistical
 def test_with_no_signal_the_false_positive_rate_stays_near_the_level(exchangeable):
     """Nothing singles the evidence out, so the calibrated test fires at about route_alpha (≤ 10% over 200
     plants at α = 0.05); the former rule fires almost always."""
