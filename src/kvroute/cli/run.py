@@ -61,8 +61,8 @@ def ask(
 @app.command()
 def demo(
     models: Annotated[str, typer.Option("--models", "-m", help="Comma-separated models; "
-                                        "'smollm2-135m,qwen2.5-0.5b' compares the two "
-                                        "architectures.")] = "smollm2-135m",
+                                        "'qwen2.5-0.5b,smollm2-135m' compares the two "
+                                        "architectures.")] = "qwen2.5-0.5b",
     out: Annotated[Path, typer.Option("--out", "-o",
                                       help="Run directory (resumed when it exists).")] = Path("runs/demo"),
     scale: Annotated[float, typer.Option(help="Multiply the number of task instances (0.25 for a quick look).")] = 1.0,
@@ -74,8 +74,9 @@ def demo(
 
     check_demo_options(scale=scale, tickets=tickets, report_boot=n_boot)  # before any pull
     names = [m.strip() for m in models.split(",") if m.strip()]
-    console.print(f"[bold]kvroute demo[/bold]: {', '.join(names)} · presses {', '.join(DEMO_PRESSES)} · "
-                  f"ratios {', '.join(f'{r:g}' for r in DEMO_RATIOS)} → {out}")
+    console.print(f"[bold]kvroute demo[/bold]: {escape(', '.join(names))} · "
+                  f"presses {escape(', '.join(DEMO_PRESSES))} · "
+                  f"ratios {', '.join(f'{r:g}' for r in DEMO_RATIOS)} → {escape(str(out))}")
     for name in names:  # pull first, with its own bar
         from kvroute.models import ZOO
         from kvroute.models.fetch import pull

@@ -154,6 +154,8 @@ def register(tasks_app: typer.Typer) -> None:
                                                    "(repeat or comma-separate).")] = ["target_length,depth"],  # noqa: B006
     ) -> None:
         """Accuracy, GER and reachability per (press, ratio) and task-meta cell, e.g. niah length × depth."""
+        from rich.markup import escape
+
         from kvroute.analysis.grid import meta_table
         from kvroute.analysis.load import load_records
         from kvroute.console import console
@@ -162,7 +164,7 @@ def register(tasks_app: typer.Typer) -> None:
         keys = [k for v in by for k in v.split(",") if k.strip()]
         table = meta_table(load_records(records), load_tasks(tasks), keys)
         for press, g in table.groupby("press", sort=False):
-            console.print(grid_table(g, keys, title=f"press {press}"))
+            console.print(grid_table(g, keys, title=f"press {escape(str(press))}"))
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
