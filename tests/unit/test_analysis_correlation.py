@@ -204,3 +204,14 @@ def test_undefined_eviction_is_never_counted_as_retained():
                              kept.ratio.to_numpy())
     assert w.risk_difference == pytest.approx(ref[0]) and w.risk_difference != pytest.approx(full.risk_difference)
     assert w.slope == pytest.approx(full.slope) and w.n_evicted == full.n_evicted  # the slope uses ger, untouched
+
+
+def test_odds_ratio_interval_ends_say_which_way_separation_pushed_them():
+    from kvroute.analysis.correlation import or_interval
+
+    assert or_interval(1.2, 3.4) == "[1.20, 3.40]"
+    assert or_interval(0.0, None) == "[open, open]"  # replicates separated both ways: nothing decided
+    assert or_interval(1.5, float("inf")) == "[1.50, open]"
+    assert or_interval(None, None) == "[∞, ∞]"  # every replicate separated towards more hallucination
+    assert or_interval(0.0, 0.0) == "[0, 0]"
+    assert or_interval(float("inf"), float("inf")) == "[∞, ∞]"

@@ -361,8 +361,7 @@ def _verdict(o: dict[str, object], separated: bool, min_cells: int, min_instance
     if o["risk_difference"] is not None and o["risk_difference_low"] is not None:
         rd = (f"; between instances (confounded by instance difficulty) ΔP(H) evicted − retained "
               f"{o['risk_difference']:+.3f} [{o['risk_difference_low']:+.3f}, {o['risk_difference_high']:+.3f}]")
-    ci = (f"OR per +0.1 GER {o['or_per_tenth']:.2f} "
-          f"[{_or_end(o['or_per_tenth_low'])}, {_or_end(o['or_per_tenth_high'])}]")
+    ci = f"OR per +0.1 GER {o['or_per_tenth']:.2f} {or_interval(o['or_per_tenth_low'], o['or_per_tenth_high'])}"
     sep = ""
     if separated or cast(float, o.get("boot_separated") or 0) > 0:
         sep = (f"; GER separates H in {cast(float, o.get('boot_separated') or 0):.0%} of replicates"
@@ -378,9 +377,17 @@ def _verdict(o: dict[str, object], separated: bool, min_cells: int, min_instance
     return "undecided", f"the data cannot decide: the {conf:.0%} interval spans no effect, {ci}{sep}{rd}; {counts}"
 
 
-def _or_end(v: object) -> str:
-    v = cast(float, v)
-    return "open" if not np.isfinite(v) or v == 0 else f"{v:.2f}"
+def or_interval(low: object, high: object) -> str:
+    """An odds ratio's interval in words: an end that separated replicates push away from the rest to 0 or ∞ is
+    ``open`` (the lower end at 0, the upper at ∞); an end pushed past the other side — every replicate separated
+    one way, as when GER decides H in each resampled set — is that limit itself (``[∞, ∞]``, ``[0, 0]``).
+    ``None`` stands for ∞ (summary.json cannot hold it)."""
+    lo, hi = (float("inf") if v is None else float(cast(float, v)) for v in (low, high))
+    if lo == hi and (lo == 0 or not np.isfinite(lo)):  # every replicate separated the same way
+        return "[0, 0]" if lo == 0 else "[∞, ∞]"
+    a = "open" if lo == 0 else ("∞" if not np.isfinite(lo) else f"{lo:.2f}")
+    b = "open" if not np.isfinite(hi) else ("0" if hi == 0 else f"{hi:.2f}")
+    return f"[{a}, {b}]"
 
 
 def _num(v: float) -> float | None:

@@ -57,7 +57,7 @@ from kvroute.analysis.common import (
     has_columns,
     require_columns,
 )
-from kvroute.analysis.correlation import GLOBAL_EVICTION_THRESHOLD, within_ratio_link
+from kvroute.analysis.correlation import GLOBAL_EVICTION_THRESHOLD, or_interval, within_ratio_link
 from kvroute.analysis.paired import PAIR_COLUMNS, PAIRED_RULE, Standing, paired_comparisons, paired_ranks
 from kvroute.analysis.sigmoid import MIN_AMPLITUDE
 
@@ -288,7 +288,7 @@ def _eviction_text(w: dict[str, Any], has_link: bool) -> str:
     verdict = str(w.get("verdict"))
     o, olo, ohi = (_num(w.get(k)) for k in ("or_per_tenth", "or_per_tenth_low", "or_per_tenth_high"))
     d, dlo, dhi = (_num(w.get(k)) for k in ("risk_difference", "risk_difference_low", "risk_difference_high"))
-    odds = (f"OR per +0.1 GER within instance {o:.2f} [{_or_end(olo)}, {_or_end(ohi)}]"
+    odds = (f"OR per +0.1 GER within instance {o:.2f} {or_interval(olo, ohi)}"
             if None not in (o, olo, ohi) else None)
     rd = (f"between instances (confounded by difficulty) ΔP(H) evicted − retained {d:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
           if None not in (d, dlo, dhi) else None)
@@ -300,10 +300,6 @@ def _eviction_text(w: dict[str, Any], has_link: bool) -> str:
     if verdict == "undecided":
         return "undecided: the interval spans no effect" + "".join(f"; {p}" for p in (odds, rd) if p)
     return verdict + (": " + "; ".join(p for p in (odds, rd) if p) if odds or rd else "")
-
-
-def _or_end(v: float | None) -> str:
-    return "open" if v is None or not np.isfinite(v) or v == 0 else f"{v:.2f}"
 
 
 def _ranked(t: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvroute.analysis.correlation import or_interval
 from kvroute.analysis.probe import MIN_IDENTITY_INSTANCES
 from kvroute.report import html as h
 
@@ -67,11 +68,11 @@ def cliff_sentence(row: dict[str, Any]) -> str:
     parts.append(f"certified safe ratio {safe:g}" if safe is not None else "no safe ratio")
     verdict = row.get("ger_within_verdict")
     if verdict is not None:
-        # an odds ratio's end of 0 or ∞ (None in summary.json) is open: separated replicates reach it
+        # an odds ratio's end of 0 or ∞ (None in summary.json) is open where separated replicates push it away
+        # from the rest, and that limit itself where every replicate separates one way
         ci = row.get("ger_or_per_tenth_ci")
-        ci = [float("inf") if v is None or v == 0 else v for v in ci] if ci else ci
         parts.append(f"eviction within instance: {verdict}, OR {_n(row.get('ger_or_per_tenth'), 2)} "
-                     f"{_ci(ci, 2) or '[–, –]'}")
+                     f"{or_interval(ci[0], ci[1]) if ci else '[–, –]'}")
     return "; ".join(parts)
 
 
