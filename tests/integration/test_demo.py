@@ -4,18 +4,27 @@ import json
 
 import pytest
 
-from kvroute.demo import DEMO_PRESSES, DEMO_RATIOS, demo_config, run_demo
+from kvroute.demo import DEMO_MODEL, DEMO_PRESSES, DEMO_RATIOS, demo_config, run_demo
 from kvroute.models import save_tiny_model
 from kvroute.sweep import sweep_config_from_mapping
 
 
 def test_demo_config_is_a_valid_sweep_with_the_required_presses():
-    cfg = sweep_config_from_mapping(demo_config(["smollm2-135m"]), source="demo")
-    assert {"expected_attention+adakv", "snapkv[window_size=16]", "streaming_llm"} <= set(cfg.presses)
-    assert any(p.startswith("expected_attention+chunk") for p in cfg.presses)
-    assert list(cfg.ratios) == list(DEMO_RATIOS) and 0.98 in cfg.ratios
+    cfg = sweep_config_from_mapping(demo_config([DEMO_MODEL]), source="demo")
+    assert {"expected_attention+adakv", "expected_attention", "expected_attention+routes", "snapkv[window_size=16]",
+            "streaming_llm", "kvzip"} <= set(cfg.presses)
+    assert list(cfg.ratios) == list(DEMO_RATIOS) and cfg.ratios[0] == 0 and 0.95 in cfg.ratios
+    assert sum(1 for r in cfg.ratios if r >= 0.8) >= 4  # dense where the cliff lies
     lengths = sorted(t.spec.target_tokens for t in cfg.tasks if t.spec and t.spec.family == "long_context")
     assert len(lengths) >= 4 and lengths[-1] >= 10 * lengths[0]
+
+
+def test_the_cli_demo_defaults_to_the_demo_model():
+    import inspect
+
+    from kvroute.cli.run import demo
+
+    assert inspect.signature(demo).parameters["models"].default == DEMO_MODEL
 
 
 @pytest.fixture(scope="module")
