@@ -29,7 +29,7 @@ from kvroute.analysis.probe import (
 
 ACCURACY = 0.65
 SIZES: tuple[int, ...] = (19, 64)
-MAX_SETS = 40
+MAX_SETS = 200  # as many as every other coverage row; the probe's rows are the slowest of the planted-truth run
 
 
 def simulate(rng: np.random.Generator, n: int, accuracy: float = ACCURACY) -> list[np.ndarray]:
