@@ -17,6 +17,17 @@ from typing import Any
 
 from kvroute.errors import ConfigError, suggest
 
+#: the longest answer, in new tokens, wherever a command, a config or a settings object does not say (the synthetic
+#: tasks' answers are a few tokens; a model that rambles is cut after a sentence). Every default names this.
+DEFAULT_MAX_NEW_TOKENS = 24
+
+
+def check_max_new_tokens(value: object, name: str = "max_new_tokens") -> int:
+    """``value`` as a number of new tokens (an int ≥ 1); otherwise ConfigError naming ``name`` (option or key)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a whole number of new tokens, at least 1; got {value!r}")
+    return value
+
 SUFFIXES = (".toml", ".yaml", ".yml", ".json")
 
 

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,10 +113,12 @@ def _save_survival(run_dir: Path, lm: LoadedModel, instance: TaskInstance) -> Pa
 
 
 def run_tickets(run_dir: Path, lm: LoadedModel, instances: Sequence[TaskInstance], *, max_evaluations: int = 120,
-                system_prompt: str | None = None, answer_prefix: str = "", progress: Progress = SILENT) -> int:
+                system_prompt: str | None = None, answer_prefix: str = "", max_new_tokens: int | None = None,
+                progress: Progress = SILENT) -> int:
     """Search tickets for ``instances`` (skipping those the full cache answers wrongly); append to tickets.jsonl.
 
-    ``system_prompt`` and ``answer_prefix`` are the sweep's, so tickets answer the prompt the cells did.
+    ``system_prompt``, ``answer_prefix`` and ``max_new_tokens`` are the sweep's, so tickets answer the prompt the
+    cells did and decode as long (None: the default).
     """
     from kvroute.errors import EngineError
     from kvroute.tickets import TicketSettings, find_ticket, save_ticket
@@ -124,7 +126,9 @@ def run_tickets(run_dir: Path, lm: LoadedModel, instances: Sequence[TaskInstance
     done = 0
     for inst in instances:
         try:
-            tk = find_ticket(lm, inst, settings=TicketSettings(max_evaluations=max_evaluations),
+            ts = TicketSettings(max_evaluations=max_evaluations)
+            ts = ts if max_new_tokens is None else replace(ts, max_new_tokens=max_new_tokens)
+            tk = find_ticket(lm, inst, settings=ts,
                              system_prompt=system_prompt, answer_prefix=answer_prefix, progress=progress)
         except EngineError as e:
             log.info("no ticket for %s: %s", inst.id, e)
@@ -186,7 +190,8 @@ def run_demo(models: Sequence[str], run_dir: str | Path, *, scale: float = 1.0, 
         todo = [i for i in insts if (lm.name, i.id) not in have][: max(0, tickets - searched)]
         if todo and tickets:
             run_tickets(run_dir, lm, todo, system_prompt=cfg.settings.system_prompt,
-                        answer_prefix=cfg.settings.answer_prefix, progress=progress)
+                        answer_prefix=cfg.settings.answer_prefix, max_new_tokens=cfg.settings.max_new_tokens,
+                        progress=progress)
     seconds["tickets"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     report = build_run_report(run_dir, title="kvroute demo study", config=AnalysisConfig(n_boot=report_boot),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 class RunSettings:
     """Everything that changes a record besides (model, instance, press, ratio, regime, seed)."""
 
-    max_new_tokens: int = 24
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     batch_size: int | None = None  # cells per decoding batch; None ("auto"): as many as the free memory takes
     metrics: tuple[str, ...] = DEFAULT_METRICS
     metric: MetricSettings = field(default_factory=MetricSettings)
@@ -37,6 +38,7 @@ class RunSettings:
     gather: bool = True
 
     def __post_init__(self) -> None:
+        check_max_new_tokens(self.max_new_tokens)
         for m in self.metrics:
             METRICS.get(m)  # unknown names fail with suggestions
 

@@ -16,6 +16,7 @@ from kvroute.cli.core import (
     app,
     load_model_cli,
 )
+from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from kvroute.console import RichProgress, console, print_json, print_table
 from kvroute.errors import KvrouteError
 
@@ -156,7 +157,7 @@ def presses_check(
                                                    "(default: a tiny random Llama built here, offline).")] = None,
     ratios: Annotated[str, typer.Option("--ratios", help="Comma-separated ratios.")] = "0.25,0.5,0.75,0.9",
     n: Annotated[int, typer.Option("--n", help="Generated base task instances.")] = 4,
-    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 16,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = DEFAULT_MAX_NEW_TOKENS,
     seed: Annotated[int, typer.Option(help="Seed of random scorers (both sides) and of the tasks.")] = 0,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
 ) -> None:
@@ -180,7 +181,7 @@ def presses_check(
         raise KvrouteError(f"--ratios {ratios!r}: give compression ratios in (0, 1), e.g. 0.25,0.5,0.75,0.9")
     if n < 1:
         raise KvrouteError(f"--n {n}: give a positive number of instances")
-    DecodeSettings(max_new_tokens=max_new_tokens)  # a bad --max-new-tokens fails before the model loads
+    check_max_new_tokens(max_new_tokens, "--max-new-tokens")  # fails before the model loads
     why = no_kvpress_counterpart(spec)  # also builds the press: bad names fail here, before the model loads
     if why is not None:
         console.print(f"{escape(spec)}: nothing to check; {escape(why)}", highlight=False, soft_wrap=True)

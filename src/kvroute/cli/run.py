@@ -18,6 +18,7 @@ from kvroute.cli.core import (
     app,
     load_model_cli,
 )
+from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from kvroute.console import RichProgress, SweepProgress, console
 from kvroute.errors import KvrouteError
 
@@ -35,7 +36,7 @@ def ask(
                                        help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
     context: Annotated[str, typer.Option(help="Context text, or @FILE to read it.")] = SAMPLE_CONTEXT,
     question: Annotated[str, typer.Option(help="Question about the context.")] = SAMPLE_QUESTION,
-    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 32,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = DEFAULT_MAX_NEW_TOKENS,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 … (default: auto).")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 … (default: bf16 on CUDA, fp32 on CPU).")] = None,
 ) -> None:
@@ -44,6 +45,7 @@ def ask(
     from kvroute.models import load_model
     from kvroute.models.loading import resolve_device
 
+    check_max_new_tokens(max_new_tokens, "--max-new-tokens")  # before anything loads
     resolve_device(device)  # a bad --device fails before anything loads, as in `run`
     t0 = time.perf_counter()
     lm = load_model(model, device=device, dtype=dtype, progress=RichProgress())
@@ -115,7 +117,7 @@ def run(
                                        help="Zoo name, local folder, .gguf file or hub id.")] = "smollm2-135m",
     question_aware: Annotated[bool, typer.Option("--question-aware",
                                                  help="Compress the question with the context.")] = False,
-    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 24,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = DEFAULT_MAX_NEW_TOKENS,
     limit: Annotated[int | None, typer.Option(help="Only the first N instances.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for random scorers.")] = 0,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
@@ -139,7 +141,7 @@ def run(
     if limit is not None and limit < 1:
         raise KvrouteError(f"--limit {limit}: give a positive number of instances (or leave --limit out for all)")
     instances = load_tasks(tasks)[:limit]
-    settings = RunSettings(max_new_tokens=max_new_tokens)
+    settings = RunSettings(max_new_tokens=check_max_new_tokens(max_new_tokens, "--max-new-tokens"))
     cells = [Cell(p, r) for p in press for r in ratio]
     regime = "aware" if question_aware else "agnostic"
     lm = load_model_cli(model, device, dtype)
@@ -173,7 +175,7 @@ def ticket(
                                              "full: the full cache's exact answer.")] = "gold",
     question_aware: Annotated[bool, typer.Option("--question-aware",
                                                  help="Compress the question with the context.")] = False,
-    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = 16,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.")] = DEFAULT_MAX_NEW_TOKENS,
     max_evaluations: Annotated[int, typer.Option(help="Budget of decoded candidate masks per instance.")] = 400,
     out: Annotated[Path | None, typer.Option("--out", "-o",
                                              help="Run directory: appends tickets.jsonl, "
@@ -196,7 +198,8 @@ def ticket(
     from kvroute.tasks import load_tasks
     from kvroute.tickets import TicketSettings, find_ticket
 
-    settings = TicketSettings(target=target, max_new_tokens=max_new_tokens, max_evaluations=max_evaluations)
+    settings = TicketSettings(target=target, max_new_tokens=check_max_new_tokens(max_new_tokens, "--max-new-tokens"),
+                              max_evaluations=max_evaluations)
     all_tasks = load_tasks(tasks)
     by_id = {t.id: t for t in all_tasks}
     chosen = []

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from kvroute.engine import streaming
 from kvroute.engine.attention import MaskedContext, masked_attention
 from kvroute.engine.cache import SuffixCache
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    max_new_tokens: int = 32
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     batch_size: int | None = None  # cells per decoding batch; None: as many as the free memory takes (engine.plan)
     capture: bool = True  # last-prompt-token attention rows and hidden states, generated-token masses
     keep_generated_rows: bool = False  # also keep each generated token's full attention rows (float16)
@@ -50,8 +51,7 @@ class DecodeSettings:
     gather: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+        check_max_new_tokens(self.max_new_tokens)
         if self.batch_size is not None and self.batch_size < 1:
             raise EngineError(f"batch_size must be ≥ 1, got {self.batch_size}")
         if self.attention_memory is not None and self.attention_memory < 1:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from kvroute.engine.decode import stop_ids
 
 if TYPE_CHECKING:
@@ -14,7 +15,8 @@ if TYPE_CHECKING:
 
 
 @torch.inference_mode()
-def greedy_generate(lm: LoadedModel, input_ids: Sequence[int], *, max_new_tokens: int = 32) -> list[int]:
+def greedy_generate(lm: LoadedModel, input_ids: Sequence[int], *,
+                    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> list[int]:
     """Greedy continuation of ``input_ids`` (full cache), stopping after an EOS token (included)."""
     ids = torch.tensor([list(input_ids)], device=lm.device)
     stop = stop_ids(lm.model, lm.tokenizer)
@@ -34,7 +36,7 @@ def greedy_generate(lm: LoadedModel, input_ids: Sequence[int], *, max_new_tokens
     return generated
 
 
-def greedy_answer(lm: LoadedModel, context: str, question: str, *, max_new_tokens: int = 32,
+def greedy_answer(lm: LoadedModel, context: str, question: str, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                   system_prompt: str | None = None) -> str:
     """Greedy answer of ``lm`` to ``question`` about ``context`` with the model's chat template.
 
@@ -47,8 +49,7 @@ def greedy_answer(lm: LoadedModel, context: str, question: str, *, max_new_token
     for name, text in (("context", context), ("question", question)):
         if not text.strip():
             raise ConfigError(f"the {name} is empty; give some text (or @FILE)")
-    if max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
     check_chars(lm, len(context) + len(question) + len(system_prompt or ""), max_new_tokens)
     messages = []
     if system_prompt:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache
 
+from kvroute.config import DEFAULT_MAX_NEW_TOKENS
 from kvroute.presses import build_press
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def kvpress_pipeline(lm: LoadedModel) -> Any:
 
 
 def kvpress_answer(lm: LoadedModel, context: str, question: str, spec: str | None, ratio: float, *,
-                   max_new_tokens: int = 32, answer_prefix: str = "", pipeline: Any = None,
+                   max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, answer_prefix: str = "", pipeline: Any = None,
                    question_window: int = 0) -> str:
     """kvpress pipeline's greedy answer (``spec=None``: no press)."""
     pipe = pipeline or kvpress_pipeline(lm)

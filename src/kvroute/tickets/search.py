@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from kvroute.engine.decode import CellOutput, DecodeSettings, decode_cells
 from kvroute.engine.prefill import prefill
 from kvroute.errors import ConfigError, EngineError
@@ -52,7 +53,7 @@ TARGETS = ("gold", "full")
 @dataclass(frozen=True)
 class TicketSettings:
     target: str = "gold"
-    max_new_tokens: int = 16
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     batch: int = 16  # candidate masks decoded per batch
     refine_rounds: int = 3
     groups: int = 16  # backward-pass groups in the first round
@@ -61,7 +62,8 @@ class TicketSettings:
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise ConfigError(f"ticket target must be one of {', '.join(TARGETS)}, got {self.target!r}")
-        for name in ("max_new_tokens", "batch", "groups", "max_evaluations"):
+        check_max_new_tokens(self.max_new_tokens, "ticket max_new_tokens")
+        for name in ("batch", "groups", "max_evaluations"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"ticket {name} must be ≥ 1, got {getattr(self, name)}")
 
