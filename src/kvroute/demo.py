@@ -14,10 +14,11 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvroute.config import DEFAULT_MAX_NEW_TOKENS
 from kvroute.progress import SILENT, Progress
 
 if TYPE_CHECKING:
@@ -113,22 +114,21 @@ def _save_survival(run_dir: Path, lm: LoadedModel, instance: TaskInstance) -> Pa
 
 
 def run_tickets(run_dir: Path, lm: LoadedModel, instances: Sequence[TaskInstance], *, max_evaluations: int = 120,
-                system_prompt: str | None = None, answer_prefix: str = "", max_new_tokens: int | None = None,
-                progress: Progress = SILENT) -> int:
+                system_prompt: str | None = None, answer_prefix: str = "",
+                max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, progress: Progress = SILENT) -> int:
     """Search tickets for ``instances`` (skipping those the full cache answers wrongly); append to tickets.jsonl.
 
     ``system_prompt``, ``answer_prefix`` and ``max_new_tokens`` are the sweep's, so tickets answer the prompt the
-    cells did and decode as long (None: the default).
+    cells did and decode as long.
     """
     from kvroute.errors import EngineError
     from kvroute.tickets import TicketSettings, find_ticket, save_ticket
 
+    settings = TicketSettings(max_evaluations=max_evaluations, max_new_tokens=max_new_tokens)
     done = 0
     for inst in instances:
         try:
-            ts = TicketSettings(max_evaluations=max_evaluations)
-            ts = ts if max_new_tokens is None else replace(ts, max_new_tokens=max_new_tokens)
-            tk = find_ticket(lm, inst, settings=ts,
+            tk = find_ticket(lm, inst, settings=settings,
                              system_prompt=system_prompt, answer_prefix=answer_prefix, progress=progress)
         except EngineError as e:
             log.info("no ticket for %s: %s", inst.id, e)

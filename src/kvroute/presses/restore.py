@@ -130,9 +130,7 @@ class Restore:
                 return ans
             if self.target == "distractor":
                 return _distractor_positions(T, ans, distractors, seed, self)
-            others = torch.as_tensor(sorted(set(range(T)) - set(ans)), dtype=torch.long)
-            g = torch.Generator().manual_seed(seed)
-            return sorted(others[torch.randperm(len(others), generator=g)[: len(ans)]].tolist())
+            return sorted(_draw_others(T, set(ans), len(ans), torch.Generator().manual_seed(seed)))
         ev = sorted({p for p in evidence if 0 <= p < T} | set(ans))
         if not ev:
             raise EngineError(f"restore={self}: this instance has no evidence tokens in the context")
@@ -222,9 +220,13 @@ def _distractor_positions(T: int, ans: Sequence[int], distractors: Sequence[Sequ
         out += [p for p in occ[i] if p not in out][: len(ans) - len(out)]
         if len(out) == len(ans):
             return sorted(out)
-    others = torch.as_tensor(sorted(set(range(T)) - taken - set(out)), dtype=torch.long)
-    out += others[torch.randperm(len(others), generator=g)[: len(ans) - len(out)]].tolist()
-    return sorted(out)
+    return sorted(out + _draw_others(T, taken | set(out), len(ans) - len(out), g))
+
+
+def _draw_others(T: int, exclude: set[int], k: int, g: torch.Generator) -> list[int]:
+    """``k`` context positions of ``T`` outside ``exclude``, drawn at random with ``g`` (the random null's draw)."""
+    others = torch.as_tensor(sorted(set(range(T)) - exclude), dtype=torch.long)
+    return others[torch.randperm(len(others), generator=g)[:k]].tolist()
 
 
 def kv_pairs(heads: Sequence[tuple[int, int]], num_heads: int, num_kv_heads: int) -> list[tuple[int, int]]:
