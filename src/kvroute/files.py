@@ -296,3 +296,30 @@ def os_error_message(e: OSError) -> str:
     reason = e.strerror or type(e).__name__
     text = f"{where}: {fix}" if fix else f"{where}: {reason}; check the path and the disk, then run again"
     return " ".join(text.split())
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same resolved path, or (both existing) the same inode."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def check_not_input(out: str | os.PathLike[str], inputs: dict[str, str | os.PathLike[str] | None],
+                    option: str = "--out", *, what: str | None = None) -> Path:
+    """Refuse, before any work, an output file that is one of the command's inputs.
+
+    ``inputs`` maps what an input is (``"the task file --tasks"``, ``"the run's store"``) to its path
+    (None: not given). Paths are compared resolved (symlinks, ``..``) and, where both exist, by inode
+    (hard links), so ``--out`` can never replace a file the same command reads. ``what`` names the output
+    in the message when it is a file the command writes under ``option`` (default: ``option`` itself).
+    """
+    p = Path(out)
+    for kind, path in inputs.items():
+        if path is not None and _same_path(p, Path(path)):
+            raise KvrouteError(f"{what or option} {p} is {kind}; writing it would replace that input. Choose "
+                               f"another {option}")
+    return p

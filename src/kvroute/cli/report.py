@@ -55,6 +55,10 @@ def findings_cmd(
         data = json.loads(summary.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise KvrouteError(f"cannot read {summary} as a report's summary.json: {e}") from e
+    if keep is not None:
+        from kvroute.files import check_not_input
+
+        check_not_input(keep, {"the summary read": summary}, "--keep")
     for line in league_markdown(data.get("press_league") or []) if league else findings_lines(data):
         typer.echo(line)
     if keep is not None:

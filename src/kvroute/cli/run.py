@@ -127,7 +127,7 @@ def run(
     import json
 
     from kvroute.engine import Cell, Engine
-    from kvroute.files import atomic_write, check_output_file
+    from kvroute.files import atomic_write, check_not_input, check_output_file
     from kvroute.presses import build_press, check_ratio
     from kvroute.runner import run_instance
     from kvroute.settings import RunSettings
@@ -138,6 +138,8 @@ def run(
     for r in ratio:
         check_ratio(r)
     check_output_file(out)
+    check_not_input(out, {"the task file --tasks": tasks,
+                          "the model file --model": model if Path(model).is_file() else None})
     if limit is not None and limit < 1:
         raise KvrouteError(f"--limit {limit}: give a positive number of instances (or leave --limit out for all)")
     instances = load_tasks(tasks)[:limit]

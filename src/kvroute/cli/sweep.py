@@ -67,6 +67,12 @@ def sweep(
     if new_settings and not resume:
         raise KvrouteError("--new-settings adds settings to an existing run; use it with --resume")
     cfg = load_sweep_config(config, overrides)
+    from kvroute.files import check_not_input
+    from kvroute.sweep.export import run_inputs
+
+    inputs = {"the sweep config": config, **{f"the task file of tasks[{i}]": t.file for i, t in enumerate(cfg.tasks)}}
+    for kind, path in run_inputs(out).items():  # the run writes its store and manifest: neither may be an input
+        check_not_input(path, inputs, what=f"{kind} under --out")
     if dry_run:
         d = plan_sweep(cfg).describe()
         console.print(f"[green]valid[/green] {config}: {d['cells']} cells = {d['units']} units (prefills) × "

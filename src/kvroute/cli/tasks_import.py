@@ -63,9 +63,11 @@ def register(tasks_app: typer.Typer) -> None:
         """
         from kvroute.console import RichProgress, console
         from kvroute.errors import ConfigError
+        from kvroute.files import check_not_input
         from kvroute.tasks import save_tasks
         from kvroute.tasks.importers import ImportOptions, import_tasks
 
+        check_not_input(out, {"the dataset imported": source if Path(source).is_file() else None})
         if model and tokenizer:
             raise ConfigError("give --model or --tokenizer, not both")
         tok = None
@@ -120,6 +122,9 @@ def register(tasks_app: typer.Typer) -> None:
 
         if layout not in EXPORT_LAYOUTS:
             raise ConfigError(f"--layout {layout!r}: use one of {', '.join(EXPORT_LAYOUTS)}")
+        from kvroute.files import check_not_input
+
+        check_not_input(out, {"the --haystack text": haystack})
         lengths, depths = parse_list(length, int, "--length") or [], parse_list(depth, float, "--depth") or []
         spec = NiahSpec(lengths=tuple(lengths), depths=tuple(depths), n=n, seed=seed, haystack=haystack,
                         needle=NEEDLE if needle is None else needle,

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from kvroute.errors import ConfigError, StoreError
-from kvroute.files import atomic_write, check_output_file
-from kvroute.record_format import TEXT_FIELDS
+from kvroute.files import atomic_write, check_not_input, check_output_file
+from kvroute.record_format import STORE_NAME, TEXT_FIELDS
+from kvroute.sweep.manifest import MANIFEST_NAME
 from kvroute.sweep.store import check_integrity, read_records
 
 FORMATS = ("parquet", "csv")
@@ -131,6 +132,14 @@ def _bare(v: Any) -> Any:
     return v
 
 
+def run_inputs(run_dir: Path) -> dict[str, Path]:
+    """The files of a run folder that no output may replace: its store (and SQLite's companions) and manifest."""
+    store = run_dir / STORE_NAME
+    return {"the run's store": store, "the run's store journal": store.with_name(STORE_NAME + "-wal"),
+            "the run's store index": store.with_name(STORE_NAME + "-shm"),
+            "the run's manifest": run_dir / MANIFEST_NAME}
+
+
 def export_records(run_dir: str | Path, fmt: str = "parquet", out: str | Path | None = None) -> tuple[Path, int]:
     """Write the store's records to ``out`` (default ``RUN_DIR/records.<fmt>``); returns (path, rows)."""
     if fmt not in FORMATS:
@@ -147,6 +156,7 @@ def export_records(run_dir: str | Path, fmt: str = "parquet", out: str | Path | 
         records = read_records(run_dir)
     path = Path(out) if out is not None else run_dir / f"records.{fmt}"
     check_output_file(path)
+    check_not_input(path, run_inputs(run_dir))
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "csv":
         return path, write_csv(records, path)
