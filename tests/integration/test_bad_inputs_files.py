@@ -13,12 +13,13 @@ error with a nonzero exit code, no traceback and no file changed:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from kvroute.sweep.store import STORE_NAME
 from tests.integration import test_bad_inputs as catalogue
-from tests.integration.test_bad_inputs import assert_fails_cleanly
+from tests.integration.test_bad_inputs import assert_fails_cleanly, cli
 
 # the catalogue's fixtures, shared by name (module-scoped ones are built once per module)
 tiny = catalogue.tiny
@@ -82,3 +83,34 @@ def test_import_refuses_out_that_is_its_source(good_instance, tmp_path, capsys):
     src.write_text(json.dumps({"context": good_instance["context"], "question": good_instance["question"],
                                "answer": good_instance["answers"][0]}) + "\n")
     assert_fails_cleanly(["tasks", "import", src, "--out", src], capsys, tmp_path, ("--out", "dataset"))
+
+
+# 6. --resume with an instance edited under the same id ------------------------------------------------------
+def _hand_written(good_instance: dict, path: Path, *, edit: bool = False) -> Path:
+    inst = {**good_instance, "id": "q1"}
+    if edit:
+        inst["context"] += " The harbour was rebuilt in 1990."
+        inst["question"] = inst["question"].rstrip("?") + " originally?"
+    path.write_text(json.dumps(inst, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _file_config(tiny: Path, tasks: Path, folder: Path) -> Path:
+    cfg = folder / "sweep.toml"
+    cfg.write_text(f'name = "resume-edit"\nmodels = ["{tiny}"]\npresses = ["knorm"]\nratios = [0, 0.5]\n'
+                   f'[[tasks]]\nfile = "{tasks}"\n[decoding]\nmax_new_tokens = 3\n')
+    return cfg
+
+
+def test_resume_refuses_an_instance_edited_under_the_same_id(tiny, good_instance, tmp_path, capsys):
+    tasks = _hand_written(good_instance, tmp_path / "mine.jsonl")
+    cfg = _file_config(tiny, tasks, tmp_path)
+    code, _, err = cli(["sweep", cfg, "--out", tmp_path / "run"], capsys)
+    assert code == 0, err
+    _hand_written(good_instance, tasks, edit=True)
+    line = assert_fails_cleanly(["sweep", cfg, "--out", tmp_path / "run", "--resume"], capsys, tmp_path,
+                                ("'q1'", "another context", "new id"))
+    assert str(tasks) in line
+    _hand_written(good_instance, tasks)  # the original content back: the resume has nothing to do
+    code, out, err = cli(["sweep", cfg, "--out", tmp_path / "run", "--resume"], capsys)
+    assert code == 0 and "0 cells computed" in out, err

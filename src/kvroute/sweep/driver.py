@@ -28,7 +28,7 @@ from kvroute.sweep.config import SweepConfig
 from kvroute.sweep.grid import count_cells, expand, pending
 from kvroute.sweep.manifest import finish_session, read_manifest, start_session
 from kvroute.sweep.store import Store, check_integrity
-from kvroute.sweep.tasks import resolve_tasks, write_task_sets
+from kvroute.sweep.tasks import check_resumed_instances, resolve_tasks, write_task_sets
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,7 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
     if resume:  # before the store is opened for writing: a refused resume changes no byte of the run
         check_integrity(run_dir)  # a damaged store must not pass as complete
         check_resume_settings(run_dir, config, new_settings=new_settings)
+        check_resumed_instances(run_dir, config, plan.task_sets)
     with Store.open(run_dir) as store:
         done = store.keys()
         if done and not resume:

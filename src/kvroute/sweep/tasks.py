@@ -103,6 +103,42 @@ def resolve_tasks(config: SweepConfig) -> tuple[dict[str, list[Any]], list[TaskS
     return per_model, list(sets.values())
 
 
+def check_resumed_instances(run_dir: Path, config: SweepConfig, sets: list[TaskSet]) -> None:
+    """Refuse to resume ``run_dir`` when an instance keeps its id but not its content.
+
+    A cell's store key holds the instance id, not its content, so an instance edited in a hand-written
+    task file (context, question, answers …) under the same id would pass as computed: the store's records
+    are for the old text. The run keeps every task set it used in ``RUN_DIR/tasks/``; an id found there
+    with other content raises :class:`ConfigError` naming the instance, the field and the fix.
+    """
+    folder = Path(run_dir) / TASKS_DIR
+    if not folder.is_dir():
+        return
+    new = {inst.id: (inst, ts) for ts in sets for inst in ts.instances}
+    for snap in sorted(folder.glob("*.jsonl")):
+        if snap.name in {ts.filename for ts in sets}:
+            continue  # the same bytes as a set of this plan (its name holds their hash)
+        try:
+            old = load_tasks(snap)
+        except KvrouteError as e:
+            log.warning("cannot read the run's task copy %s to compare instances (%s)", snap, e)
+            continue
+        for o in old:
+            if o.id not in new:
+                continue
+            inst, ts = new[o.id]
+            if inst.content_id() == o.content_id():
+                continue
+            a, b = o.to_dict(), inst.to_dict()
+            field = next((k for k in a if k not in ("id", "meta", "seed", "version") and a[k] != b[k]), "content")
+            src = config.tasks[ts.source]
+            where = f"{src.file}" if src.file is not None else f"tasks[{ts.source}]"
+            raise ConfigError(f"{where}: instance {inst.id!r} has another {field} than when {run_dir} computed it "
+                              f"({TASKS_DIR}/{snap.name}); its stored results are for the old content. Give the "
+                              f"edited instance a new id (or drop its id to get a content hash), restore the old "
+                              f"content, or choose another --out")
+
+
 def write_task_sets(run_dir: Path, sets: list[TaskSet]) -> list[str]:
     """Write each task set to ``RUN_DIR/tasks/`` (unchanged files are left alone); returns the relative paths."""
     folder = Path(run_dir) / TASKS_DIR

@@ -145,6 +145,12 @@ class TaskInstance:
         """One JSONL line (no trailing newline): fixed key order, ``ensure_ascii=False``, compact."""
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
+    def content_id(self) -> str:
+        """The content hash of this instance (:func:`content_hash`): the id a generator would give it, whatever
+        id a hand-written file gives it. Two instances with one id and different content ids hold different tasks."""
+        d = self.to_dict()
+        return content_hash(**{k: d[k] for k in _HASHED})
+
     @property
     def difficulty(self) -> int | None:
         d = self.meta.get("difficulty")
