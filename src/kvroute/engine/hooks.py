@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from kvroute.models.layers import base_model, decoder_layers
+from kvroute.models.queries import query_projection
 
 __all__ = ["REUSE_ROWS", "attention_hooks", "base_model", "decoder_layers", "RowReuse"]
 
@@ -23,8 +24,9 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any],
                     q_proj_hook: Callable[..., Any] | None = None) -> Iterator[None]:
     """Register ``hook(module, args, kwargs, output)`` on every attention module; expose ``rotary_emb``.
 
-    ``q_proj_hook(module, args, output)``, when given, is registered on each attention module's
-    ``q_proj``, so the queries the model computed can be reused instead of recomputed.
+    ``q_proj_hook(module, args, output)``, when given, is registered on each attention module's query
+    projection (``q_proj``, or Phi-3's fused ``qkv_proj``: :func:`kvroute.models.queries.query_projection`), so
+    the queries the model computed can be reused instead of recomputed.
 
     Some kvpress scorers read ``module.rotary_emb`` (kvpress sets it in its own context manager);
     it is attached here for the duration and detached afterwards, so no state is left on the model.
@@ -39,8 +41,9 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any],
                 attn.rotary_emb = base.rotary_emb
                 attached.append(attn)
             handles.append(attn.register_forward_hook(hook, with_kwargs=True))
-            if q_proj_hook is not None and hasattr(attn, "q_proj"):
-                handles.append(attn.q_proj.register_forward_hook(q_proj_hook))
+            proj = query_projection(attn)
+            if q_proj_hook is not None and proj is not None:
+                handles.append(proj.register_forward_hook(q_proj_hook))
         yield
     finally:
         for h in handles:

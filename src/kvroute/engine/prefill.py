@@ -22,7 +22,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 
 from kvroute.engine.hooks import RowReuse, attention_hooks, base_model
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
-from kvroute.models.queries import rotate_queries, rotated_queries
+from kvroute.models.queries import require_query_projection, rotate_queries, rotated_queries
 from kvroute.presses.press import Press
 from kvroute.presses.scorers import ScoreInputs, Scorer
 from kvroute.presses.scorers.base import ModelScoreInputs
@@ -126,9 +126,11 @@ def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.
 
 
 def _queries(module: Any, proj: tuple[torch.Tensor, torch.Tensor] | None, pos: Any) -> torch.Tensor:
-    """The layer's post-RoPE queries [1, H, T, D] from its q_proj output (``proj``: the q_proj's input and output)."""
+    """The layer's post-RoPE queries [1, H, T, D] from its query projection's output (``proj``: that projection's
+    input and output; a fused qkv projection's query columns, as kvpress reads Phi-3's)."""
     if proj is None:
-        raise EngineError(f"{type(module).__name__} has no q_proj whose output the scorers' queries come from")
+        raise EngineError(f"{type(module).__name__} has neither a q_proj nor a fused qkv_proj whose output the "
+                          "scorers' queries come from")
     return rotate_queries(module, proj[1], pos)
 
 
@@ -170,7 +172,7 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
         q = _queries(module, proj, pos) if need_queries else None  # [1, H, T, D]
         if layered:
             t = time.perf_counter()
-            with reuse.rows(module.q_proj, *proj) if proj is not None else contextlib.nullcontext():
+            with reuse.rows(require_query_projection(module), *proj) if proj is not None else contextlib.nullcontext():
                 score(module, layer, hidden, keys, values, kwargs, pos, q)
             scoring[0] += time.perf_counter() - t
         for c in captures:
