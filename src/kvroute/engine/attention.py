@@ -146,14 +146,19 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
     ctx: MaskedContext | None = getattr(_state, "ctx", None)
     if ctx is None:
         raise EngineError("kvroute_masked attention was called outside masked_attention()")
-    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
-        raise EngineError("the masked engine does not support sliding-window or soft-capped attention layers")
+    if kwargs.get("softcap") is not None:
+        raise EngineError("the masked engine does not support soft-capped attention logits")
     layer: int = module.layer_idx
     B, H, q, D = query.shape  # query [B, H, q, D]; key/value: the cells' suffix [B, Hkv, s, D]
     Hkv = key.shape[1]
     G = H // Hkv
     k_ctx, v_ctx = ctx.keys[layer][0], ctx.values[layer][0]  # [Hkv, T, D]
     T = k_ctx.shape[1]
+    window = kwargs.get("sliding_window")
+    if window is not None and T + key.shape[2] > window:  # inside its window a sliding layer is full attention
+        raise EngineError(f"layer {layer} attends through a sliding window of {window} tokens, and the context and "
+                          f"answer so far ({T + key.shape[2]} tokens) pass it; the masked engine covers a context "
+                          "every layer sees whole")
     scale = scaling if scaling is not None else D**-0.5
 
     qg = query.reshape(B, Hkv, G * q, D)  # [B, Hkv, G·q, D]: rows of one KV head's group, (g, i) order

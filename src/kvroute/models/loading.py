@@ -68,20 +68,86 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
 
-def model_info(model: Any) -> ModelInfo:
+def _text_config(model: Any) -> Any:
     cfg = model.config
-    cfg = getattr(cfg, "text_config", cfg)
+    return getattr(cfg, "text_config", cfg)
+
+
+def sliding_layers(config: Any) -> tuple[list[bool], int | None]:
+    """Which layers of a (text) config attend through a sliding window, and the window (tokens; None: none does).
+
+    As transformers builds the cache: ``layer_types`` where the config has them, else every layer slides when
+    ``sliding_window`` is set (Mistral v0.1, Phi-3 mini: one window over all layers)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return [window is not None] * int(config.num_hidden_layers), window
+    sliding = [t in ("sliding_attention", "chunked_attention") for t in types]
+    return sliding, window if any(sliding) else None
+
+
+def model_info(model: Any) -> ModelInfo:
+    """The shape facts of ``model``. Where every layer attends through one sliding window, the context window is
+    that window (a prompt and answer inside it see every token, as full attention does)."""
+    cfg = _text_config(model)
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    window = int(getattr(cfg, "max_position_embeddings", 0) or 0)
+    sliding, size = sliding_layers(cfg)
+    if size is not None and all(sliding):
+        window = min(window, int(size)) if window else int(size)
     return ModelInfo(
         architecture=cfg.model_type,
         num_layers=cfg.num_hidden_layers,
         num_heads=heads,
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=head_dim,
-        context_window=int(getattr(cfg, "max_position_embeddings", 0) or 0),
+        context_window=window,
         num_params=sum(p.numel() for p in model.parameters()),
     )
+
+
+def architecture_problem(model: Any) -> str | None:
+    """What kvroute lacks to study ``model``'s architecture, in words (None: nothing).
+
+    kvroute's keep masks, GER and reachability are defined over a context every layer sees whole, through one
+    query projection (``q_proj``, or Phi-3's fused ``qkv_proj``) and plain softmax attention: layers of a sliding
+    window beside global ones (Gemma 3, Qwen2 with ``use_sliding_window``) and soft-capped attention logits
+    (Gemma 2) are not modelled yet. One window over every layer is (the context window is then that window)."""
+    from kvroute.models.layers import decoder_layers
+    from kvroute.models.queries import query_projection
+
+    cfg = _text_config(model)
+    sliding, window = sliding_layers(cfg)
+    if any(sliding) and not all(sliding):
+        which = ", ".join(str(i) for i, s in enumerate(sliding) if s)
+        return (f"its sliding-window layers ({which} of {len(sliding)}, a window of {window} tokens) see only the last "
+                f"{window} tokens beside full-attention layers, while kvroute's keep masks, GER and reachability "
+                "assume every layer sees the whole context (kvpress compresses only the global layers of such models)")
+    cap = getattr(cfg, "attn_logit_softcapping", None)
+    if cap is not None:
+        return (f"its attention logits are soft-capped (attn_logit_softcapping={cap}), which kvroute's masked "
+                "attention does not apply")
+    try:
+        layers = decoder_layers(model)
+    except TypeError as e:
+        return str(e)
+    attn = getattr(layers[0], "self_attn", None) if layers else None
+    if attn is None or query_projection(attn) is None:
+        kind = type(attn).__name__ if attn is not None else "no self_attn module"
+        return (f"its attention ({kind}) has neither a q_proj nor a fused qkv_proj from which the scorers' queries "
+                "come")
+    return None
+
+
+def check_architecture(model: Any, name: str) -> None:
+    """Refuse, at load and in one line, a model whose architecture kvroute cannot study (:func:`architecture_problem`),
+    instead of a traceback or every cell erroring later."""
+    problem = architecture_problem(model)
+    if problem:
+        arch = getattr(_text_config(model), "model_type", type(model).__name__)
+        raise ModelLoadError(f"kvroute cannot study {name} ({arch}) yet: {problem}; models whose layers all attend "
+                             "to the whole context (Llama, Mistral, Qwen2, Qwen3, Phi-3) are supported")
 
 
 _DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
@@ -279,6 +345,7 @@ def load_model(
         raise ModelLoadError(f"no such model folder or file: {path}")
     else:
         raise UnknownNameError("model", source, ZOO.names(), ZOO.hint)
+    check_architecture(model, name)
     model = _finish(model, dev)
     if model.dtype != dt:
         model.to(dt)
