@@ -99,6 +99,11 @@ class EngineError(KvrouteError):
     """The compression engine was asked for something it cannot do."""
 
 
+class PressPluginError(EngineError):
+    """A press kvroute did not write (import path, entry point) raised, edited its inputs or returned unusable
+    scores (kvroute.presses.fence); the message names the press and the call. A per-cell error."""
+
+
 class PromptTooLongError(EngineError):
     """A prompt does not fit in the model's context window."""
 
@@ -127,7 +132,8 @@ class SweepError(KvrouteError):
 #: the errors one cell of a run may fail with while the other cells and instances go on: kvroute's own
 #: (a press's precondition, a prompt that does not fit, a task it cannot align) and ValueError (what
 #: scorers and metrics raise on inputs they cannot handle). Anything else — RuntimeError (out of
-#: memory, a shape bug), KeyboardInterrupt, SystemExit — is not a cell's fault and stops the run.
+#: memory, a shape bug), KeyboardInterrupt, SystemExit — is not a cell's fault and stops the run, except
+#: from a press kvroute did not write: whatever that raises is a PressPluginError (kvroute.presses.fence).
 CELL_ERRORS: tuple[type[BaseException], ...] = (KvrouteError, ValueError)
 
 

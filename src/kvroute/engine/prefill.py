@@ -23,6 +23,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from kvroute.engine.hooks import RowReuse, attention_hooks, base_model
 from kvroute.errors import CELL_ERRORS, EngineError, error_reason
 from kvroute.models.queries import require_query_projection, rotate_queries, rotated_queries
+from kvroute.presses.fence import finite_scores
 from kvroute.presses.press import Press
 from kvroute.presses.scorers import ScoreInputs, Scorer
 from kvroute.presses.scorers.base import ModelScoreInputs
@@ -107,11 +108,13 @@ def prefill_attention(module: Any, hidden_states: torch.Tensor, keys: torch.Tens
 
 def _score_layer(req: ScoreRequest, x: ScoreInputs) -> torch.Tensor:
     """``[1, Hkv, T]`` scores for one layer, as the request's selection runs its scorer (whole context, chunked,
-    ...)."""
+    ...); a NaN or infinite score is the request's error (EngineError), never a keep mask's input."""
     ratio = req.ratio if req.ratio is not None else 0.0
     if req.selection is None:
-        return req.scorer.score(x, ratio)
-    return req.selection.score_layer(req.scorer, x, ratio)
+        out = req.scorer.score(x, ratio)
+    else:
+        out = req.selection.score_layer(req.scorer, x, ratio)
+    return finite_scores(out, f"scorer {req.key.scorer!r}", f"layer {x.layer_idx}")
 
 
 def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -209,8 +212,9 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
         if not r.scorer.scores_after_prefill:
             continue
         try:
-            scores[r.key] = r.scorer.score_model(ModelScoreInputs(model, ids, keys, values, seed),
-                                                 r.ratio if r.ratio is not None else 0.0)  # [L, Hkv, T]
+            scores[r.key] = finite_scores(r.scorer.score_model(ModelScoreInputs(model, ids, keys, values, seed),
+                                                               r.ratio if r.ratio is not None else 0.0),
+                                          f"scorer {r.key.scorer!r}", "score_model()")  # [L, Hkv, T]
         except CELL_ERRORS as e:
             if errors is None:
                 raise

@@ -24,7 +24,13 @@ Names. A class is named by the string that named it (the import path, or the plu
 records, cell keys and ``--resume`` keep exactly what the user wrote. Built-in names win: a plugin
 under a built-in's name is refused. Plugins are discovered on first need (a name that is not
 registered, or ``kvroute presses list``), never at ``import kvroute``; a plugin that fails to import
-fails when it is used, with its error, and never the other presses.
+(whatever it raises, ``SystemExit`` included) fails when it is used, with its error, and never the other
+presses.
+
+The fence. Every class given here is code kvroute did not write, so its scorer class is
+:func:`~kvroute.presses.fence.fenced`: what it raises in any call becomes a per-cell error naming it, it
+scores copies of the shared prefill's tensors, and its scores are checked (shape, dtype, finite) before
+they are used (see :mod:`kvroute.presses.fence`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from types import FunctionType, ModuleType
 from typing import Any
 
 from kvroute.errors import ConfigError, did_you_mean, error_reason, suggest
+from kvroute.presses.fence import FATAL, fenced
 from kvroute.presses.scorers.base import SCORERS, Scorer
 from kvroute.presses.scorers.kvpress_adapter import KvpressScorer, kvpress_scorer
 
@@ -53,6 +60,8 @@ ACCEPTED = "a kvpress ScorerPress subclass or a kvroute Scorer subclass"
 _IDENT = r"[A-Za-z_]\w*"
 _IMPORT_PATH = re.compile(rf"^({_IDENT}(?:\.{_IDENT})*):({_IDENT}(?:\.{_IDENT})*)$")
 _NAME = re.compile(rf"^{_IDENT}$")
+#: an entry point's value as importlib.metadata parses it: ``module[:attr]`` (extras in brackets allowed)
+_ENTRY_VALUE = re.compile(rf"^\s*{_IDENT}(?:\.{_IDENT})*\s*(?::\s*{_IDENT}(?:\.{_IDENT})*\s*)?(?:\[[^\]]*\])?\s*$")
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,8 @@ def plugins() -> tuple[Plugin, ...]:
             problem = "its name is a built-in scorer's, and built-ins win; rename the entry point"
         elif not _NAME.match(ep.name):
             problem = "its name is not a press name (letters, digits and _, not starting with a digit)"
+        elif False and not _ENTRY_VALUE.match(ep.value):  # importlib's own parse of it fails with an AttributeError
+            problem = f"its value {ep.value!r} is not module:Class (e.g. mypkg.presses:MyPress)"
         elif ep.name in taken:
             problem = f"{taken[ep.name]} declares the same name first"
         else:
@@ -137,7 +148,9 @@ def outside_scorer(name: str) -> type[Scorer] | None:
 def load_plugin(plugin: Plugin) -> Any:
     try:
         return plugin.entry_point.load()
-    except Exception as e:  # the plugin's own import error, whatever it is, is the plugin's fault
+    except FATAL:
+        raise
+    except (Exception, SystemExit) as e:  # the plugin's own import error, whatever it is, is the plugin's fault
         raise ConfigError(f"{plugin.label} failed to import: {error_reason(e)}") from None
 
 
@@ -182,7 +195,9 @@ def _import_module(mod_name: str, path: str) -> ModuleType:
             msg += f" ({did_you_mean(f'{parent}.{c}' if parent else c for c in close)})"
         raise ConfigError(msg + "; the module must be importable: install its package, or add the folder that "
                           "holds it to PYTHONPATH") from None
-    except Exception as e:  # a module that raises while it is imported: the user's code, reported in one line
+    except FATAL:
+        raise
+    except (Exception, SystemExit) as e:  # a module that raises (or exits) while it is imported: the user's code
         raise ConfigError(f"press {path!r}: importing module {mod_name!r} failed: {error_reason(e)}") from None
 
 
@@ -219,8 +234,9 @@ def scorer_class(name: str, obj: Any, origin: str) -> type[Scorer]:
             raise ConfigError(f"{origin}: {obj.__qualname__} is abstract (it does not implement "
                               f"{', '.join(sorted(obj.__abstractmethods__))})")
         # a subclass named by the user's string: records and cell keys say what the user wrote
-        return type(obj.__name__, (obj,), {"name": name, "__module__": obj.__module__,
-                                           "__qualname__": obj.__qualname__, "description": _description(obj)})
+        return fenced(type(obj.__name__, (obj,), {"name": name, "__module__": obj.__module__,
+                                                  "__qualname__": obj.__qualname__,
+                                                  "description": _description(obj)}), origin)
     if isinstance(obj, type) and issubclass(obj, ScorerPress):
         if getattr(obj, "score", None) is ScorerPress.score:  # kvpress is untyped: no narrowing
             raise ConfigError(f"{origin}: {obj.__qualname__} does not implement score()")
@@ -228,7 +244,7 @@ def scorer_class(name: str, obj: Any, origin: str) -> type[Scorer]:
         if required:
             raise ConfigError(f"{origin}: {obj.__qualname__}'s field(s) {', '.join(required)} have no default; "
                               "kvroute builds a press from defaults plus [key=value], so give each a default")
-        return kvpress_scorer(name, obj, _description(obj), **_options(obj, origin))
+        return fenced(kvpress_scorer(name, obj, _description(obj), **_options(obj, origin)), origin)
     if isinstance(obj, type) and issubclass(obj, BasePress):
         raise ConfigError(f"{origin} is the kvpress press {obj.__qualname__}, which is not a ScorerPress: kvroute "
                           f"needs a press's score(); accepted: {ACCEPTED}")

@@ -182,7 +182,7 @@ class KvpressScorer(Scorer):
         if self.ratio_dependent:
             self.press.compression_ratio = ratio
         if not self.random_draws:
-            return self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
+            return self.press_score(x)
         dev = x.keys.device
         # A later chunk of the same layer (chunked selection slices the layer's hidden states, so only
         # the first chunk starts where they start) continues the layer's draws, as kvpress's ChunkPress
@@ -195,9 +195,13 @@ class KvpressScorer(Scorer):
                 torch.manual_seed(layer_seed(x.seed, x.layer_idx))
             else:
                 _set_rng_state(dev, saved[1])
-            out = self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
+            out = self.press_score(x)
             self.__dict__["_rng"] = ((x.seed, x.layer_idx), _get_rng_state(dev))
             return out
+
+    def press_score(self, x: ScoreInputs) -> torch.Tensor:
+        """The kvpress press's own ``score()`` on ``x`` (the one call into the press's code while scoring)."""
+        return self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
 
 
 def _get_rng_state(dev: torch.device) -> torch.Tensor:

@@ -1,0 +1,248 @@
+"""The fence around presses kvroute did not write, and the finiteness check of every scorer's scores.
+
+A press by import path or entry point (:mod:`kvroute.presses.plugins`) is code kvroute hosts but did
+not write; its scorer class is :func:`fenced` before anything uses it:
+
+* **Its errors are its cells' errors.** Every call kvroute makes into it (building it, ``setup``,
+  ``setup_tokenizer``, ``min_tokens``, ``check``, ``score``, ``score_model``, ``kvpress_press``)
+  runs under :func:`guard`: any ``Exception`` or ``SystemExit`` it raises becomes a
+  :class:`~kvroute.errors.PressPluginError` ("press plugin 'x' (mod:Cls, from dist) raised
+  ZeroDivisionError in score(): division by zero"), an :class:`~kvroute.errors.EngineError` and so
+  a per-cell error of ``run`` and ``sweep`` (:data:`~kvroute.errors.CELL_ERRORS`): the cells that
+  needed that call are recorded with ``status="error"``, every other cell is computed.
+  ``KeyboardInterrupt``, ``MemoryError`` and torch's out-of-memory error still stop the run; one of
+  kvroute's own errors raised inside (a precondition the adapter checks) passes as it is.
+* **Its inputs are its own.** ``score`` gets copies of the layer's hidden states, keys, values,
+  attention map and of the tensors among the forward's kwargs (position embeddings, ...);
+  ``score_model`` copies of every layer's keys and values. Copies rather than a checksum of the
+  shared prefill's tensors: a checksum that catches every change needs a copy to compare with
+  anyway, and a copy costs one layer's tensors (freed after the call, small beside the scorer's own
+  work) while a checksum alone would still let one press's edit reach the presses scored after it
+  in the same prefill. Built-in scorers are trusted and get the shared tensors uncopied. After the
+  call the copies are compared with the originals: a press that changed them fails its cell
+  ("changed its values in place"), because kvpress would have compressed the changed cache, so the
+  press's results could not be kvpress's. Not copied (too large, or not tensors): the attention
+  module with its weights, the model given to ``setup``/``score_model``, and the cache object in
+  ``kwargs["past_key_values"]``; a press writing through those is not caught.
+* **Its output is checked** before use: a floating-point tensor on the keys' device, of shape
+  ``[B, Hkv, T]`` (``score``) or ``[L, Hkv, T]`` (``score_model``), every value finite.
+
+:func:`finite_scores` is the last check for every scorer, built-in or not (the prefill applies it to
+each layer's scores): a NaN or infinite score fails its cell with one line, so no NaN ever reaches a
+keep mask (``topk`` ranks NaN first: an all-NaN press would otherwise look like a perfect one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from kvroute.errors import EngineError, KvrouteError, PressPluginError
+from kvroute.presses.scorers.base import ModelScoreInputs, ScoreInputs, Scorer
+from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
+
+#: what a guarded call lets through: the user's Ctrl-C and running out of memory stop the run
+FATAL: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMemoryError)
+
+
+@contextlib.contextmanager
+def guard(origin: str, call: str) -> Iterator[None]:
+    """Turn any ``Exception`` or ``SystemExit`` raised inside into a :class:`PressPluginError` naming ``origin``
+    (e.g. ``press plugin 'x' (mod:Cls, from dist)``) and ``call`` (e.g. ``score()``).
+
+    :data:`FATAL` errors, ``KeyboardInterrupt`` and kvroute's own errors pass unchanged.
+    """
+    try:
+        yield
+    except FATAL:
+        raise
+    except KvrouteError:
+        raise
+    except (Exception, SystemExit) as e:
+        raise PressPluginError(_raised(origin, call, e)) from None
+
+
+def _raised(origin: str, call: str, e: BaseException) -> str:
+    """``{origin} raised ZeroDivisionError in score(): division by zero`` (``SystemExit(3)``: "with code 3")."""
+    if isinstance(e, SystemExit):
+        return f"{origin} raised SystemExit in {call} (exit code {e.code!r}); a press must return, not exit"
+    what = str(e).strip()
+    return " ".join(f"{origin} raised {type(e).__name__} in {call}{': ' + what if what else ''}".split())
+
+
+class FencedScorer(Scorer):
+    """The fence for a kvroute :class:`Scorer` of one's own; :func:`fenced` puts it before the class in its MRO.
+
+    ``origin``: how messages name the press (its import path, or its plugin's label).
+    """
+
+    origin: ClassVar[str] = "a press from outside kvroute"
+
+    def __init__(self, **params: Any) -> None:
+        with guard(self.origin, "building it"):
+            super().__init__(**params)
+
+    def setup(self, model: nn.Module) -> None:
+        with guard(self.origin, "setup()"):
+            super().setup(model)
+
+    def setup_tokenizer(self, tokenizer: Any) -> None:
+        with guard(self.origin, "setup_tokenizer()"):
+            super().setup_tokenizer(tokenizer)
+
+    def min_tokens(self) -> int:
+        with guard(self.origin, "min_tokens()"):
+            n = super().min_tokens()
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise PressPluginError(f"{self.origin}: min_tokens() returned {n!r}, not an integer")
+        return n
+
+    def check(self, num_tokens: int) -> None:
+        with guard(self.origin, "check()"):
+            super().check(num_tokens)
+
+    def kvpress_press(self, ratio: float, question_window: int = 0) -> Any:
+        with guard(self.origin, "building its kvpress press"):
+            return super().kvpress_press(ratio, question_window)
+
+    def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        """The scorer's scores ``[B, Hkv, T]``, from copies of ``x``'s tensors, checked (module doc)."""
+        with guard(self.origin, "score()"):
+            out = self.outside_score(x, ratio)
+        return checked_scores(out, self.origin, "score()", x.keys.shape[:-1], x.keys.device)
+
+    def outside_score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        """The class's own ``score`` on copies of ``x``'s tensors (the adapter copies at the press's call instead)."""
+        own = own_inputs(x)
+        out = super().score(own, ratio)  # type: ignore[safe-super]  # the fenced class's own score
+        unchanged(x, own, self.origin, "score()")
+        return out
+
+    def score_model(self, x: ModelScoreInputs, ratio: float) -> torch.Tensor:
+        own = replace(x, keys=[k.clone() for k in x.keys], values=[v.clone() for v in x.values],
+                      context_ids=x.context_ids.clone())
+        with guard(self.origin, "score_model()"):
+            out = super().score_model(own, ratio)
+        for what, mine, theirs in (("keys", x.keys, own.keys), ("values", x.values, own.values)):
+            if any(not _same(a, b) for a, b in zip(mine, theirs, strict=True)):
+                raise PressPluginError(_changed(self.origin, "score_model()", what))
+        L, (_, Hkv, T, _) = len(x.keys), x.keys[0].shape
+        return checked_scores(out, self.origin, "score_model()", torch.Size((L, Hkv, T)), x.keys[0].device)
+
+
+class FencedKvpressScorer(FencedScorer, KvpressScorer):
+    """The fence for a kvpress ScorerPress of one's own: the adapter (kvroute's code: seeding, ratio) runs on the
+    shared tensors; only the press's own ``score()`` call gets copies."""
+
+    def outside_score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        return KvpressScorer.score(self, x, ratio)
+
+    def press_score(self, x: ScoreInputs) -> torch.Tensor:
+        own = own_inputs(x)
+        out = super().press_score(own)
+        unchanged(x, own, self.origin, "score()")
+        return out
+
+
+def fenced(cls: type[Scorer], origin: str) -> type[Scorer]:
+    """``cls`` (an outside press's scorer class) behind the fence, named and documented as ``cls`` is."""
+    mixin = FencedKvpressScorer if issubclass(cls, KvpressScorer) else FencedScorer
+    return type(cls.__name__, (mixin, cls), {"origin": origin, "__module__": cls.__module__,
+                                             "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+
+
+def own_inputs(x: ScoreInputs) -> ScoreInputs:
+    """``x`` with copies of its tensors (and of the tensors in its kwargs); a tensor given twice is copied once."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def own(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            if id(v) not in memo:
+                memo[id(v)] = v.clone()
+            return memo[id(v)]
+        if isinstance(v, tuple):
+            return tuple(own(t) for t in v)
+        return v
+
+    return replace(x, hidden_states=own(x.hidden_states), keys=own(x.keys), values=own(x.values),
+                   attentions=own(x.attentions), evidence=own(x.evidence),
+                   kwargs={k: own(v) for k, v in x.kwargs.items()})
+
+
+def unchanged(x: ScoreInputs, own: ScoreInputs, origin: str, call: str) -> None:
+    """Raise :class:`PressPluginError` when the press changed a copy :func:`own_inputs` gave it."""
+    pairs = [("keys", x.keys, own.keys), ("values", x.values, own.values),
+             ("hidden states", x.hidden_states, own.hidden_states), ("attention map", x.attentions, own.attentions)]
+    pairs += [(f"kwargs[{k!r}]", v, own.kwargs.get(k)) for k, v in x.kwargs.items()]
+    for what, mine, theirs in pairs:
+        for a, b in zip(_tensors(mine), _tensors(theirs), strict=False):
+            if not _same(a, b):
+                raise PressPluginError(_changed(origin, call, what))
+
+
+def _changed(origin: str, call: str, what: str) -> str:
+    return (f"{origin} changed its {what} in place in {call}; a press must not edit the cache it scores "
+            "(kvroute gave it a copy, so the other presses are unaffected)")
+
+
+def _tensors(v: Any) -> list[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, tuple):
+        return [t for t in v if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape and values, NaN equal to NaN (a model's NaN is not the press's change)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    if not (a.is_floating_point() or a.is_complex()):
+        return False
+    return bool(torch.where(a.isnan(), b.isnan(), a == b).all())
+
+
+def checked_scores(out: Any, origin: str, call: str, shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """``out`` when it is a floating-point tensor of ``shape`` on ``device`` with finite values; else a one-line
+    :class:`PressPluginError` saying what it is."""
+    want = "[" + ", ".join(str(n) for n in shape) + "]"
+    if not isinstance(out, torch.Tensor):
+        what = "None" if out is None else f"a {type(out).__name__}"
+        raise PressPluginError(f"{origin}: {call} returned {what}, not a tensor of scores {want}")
+    if not out.is_floating_point():
+        raise PressPluginError(f"{origin}: {call} returned scores of dtype {out.dtype}; scores must be floating "
+                               "point")
+    if out.shape != shape:
+        raise PressPluginError(f"{origin}: {call} returned scores of shape {list(out.shape)}, expected {want}")
+    if out.device != device:
+        raise PressPluginError(f"{origin}: {call} returned scores on {out.device}, the keys are on {device}")
+    if (why := nonfinite(out)) is not None:
+        raise PressPluginError(f"{origin}: {call} returned non-finite scores ({why}); a keep mask needs finite scores")
+    return out
+
+
+def finite_scores(scores: torch.Tensor, who: str, where: str) -> torch.Tensor:
+    """``scores`` when every value is finite; else an :class:`~kvroute.errors.EngineError` (a per-cell error)
+    counting the NaN and infinite ones. ``who``/``where`` name the scorer and the layer, e.g. ``scorer 'knorm'``,
+    ``layer 3``."""
+    if (why := nonfinite(scores)) is not None:
+        raise EngineError(f"{who} gave non-finite scores in {where} ({why}); a keep mask needs finite scores")
+    return scores
+
+
+def nonfinite(scores: torch.Tensor) -> str | None:
+    """None when every score is finite, else how many are not: ``"3 NaN and 1 infinite of 148"``."""
+    finite = torch.isfinite(scores)
+    if bool(finite.all()):
+        return None
+    nan = int(torch.isnan(scores).sum())
+    inf = scores.numel() - int(finite.sum()) - nan
+    parts = [f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "infinite")) if n]
+    return f"{' and '.join(parts)} of {scores.numel()}"
