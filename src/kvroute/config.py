@@ -40,9 +40,11 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
     if suffix not in SUFFIXES:
         raise ConfigError(f"{p}: unknown config format {suffix or '(no suffix)'!r}; use one of {', '.join(SUFFIXES)}")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark is no content
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read the config file ({e})") from None
+    from kvroute.bounds import MAX_DEPTH, value_problem
+
     try:
         if suffix == ".toml":
             data = tomllib.loads(text)
@@ -56,10 +58,16 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: invalid TOML: {e}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: is nested more than {MAX_DEPTH} levels deep; a sweep config is a few tables "
+                          "deep") from None
     except Exception as e:  # yaml.YAMLError carries its own line/column
         raise ConfigError(f"{p}: invalid YAML: {e}") from None
     if data is None:
         data = {}
+    problem = value_problem(data)
+    if problem:
+        raise ConfigError(f"{p}: {problem}")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of keys to values, got {type(data).__name__}")
     return data

@@ -16,6 +16,8 @@ carry no kinds (a CSV or Parquet export, a hand-made store) are decoded by field
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -73,6 +75,9 @@ def decode_list(v: Any) -> Any:
     (Parquet's list columns) → a list; a list or None stays as it is."""
     if isinstance(v, bytes | bytearray | memoryview):
         b = bytes(v)
+        if len(b) % 4:
+            raise StoreError(f"a vector column holds a blob of {len(b)} bytes, not a whole number of float32 values "
+                             f"(4 bytes each); the store was written by something other than kvroute or is damaged")
         return list(struct.unpack(f"<{len(b) // 4}f", b))
     if isinstance(v, str):
         text = v.strip()
@@ -82,6 +87,8 @@ def decode_list(v: Any) -> Any:
             return json.loads(text)
         except json.JSONDecodeError:
             raise StoreError(f"a list column holds text that is not JSON: {text[:60]!r}") from None
+        except RecursionError:
+            raise StoreError(f"a list column holds JSON nested too deep for a record: {text[:60]!r}") from None
     if hasattr(v, "tolist"):  # a numpy array (Parquet), nested ones included
         return _plain(v.tolist())
     return v
@@ -111,3 +118,58 @@ def decode_value(kind: str, v: Any) -> Any:
     if kind == "bool":
         return bool(v)
     return v
+
+
+#: the text fields that name a cell: never empty in a record kvroute wrote
+_NAME_FIELDS = ("model", "instance_id", "press")
+_BOOL_TEXT = frozenset({"1", "1.0", "true", "yes", "0", "0.0", "false", "no"})
+_STATUSES = ("ok", "error")
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _value_problem(name: str, v: Any) -> str | None:
+    """Why ``v`` cannot be the value of field ``name`` in a record kvroute wrote, else None."""
+    if name == "ratio":
+        if _missing(v):
+            return "is missing (every cell has a compression ratio)"
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not 0 <= v < 1:
+            return f"is {v!r}; a compression ratio is a number in [0, 1)"
+    elif name in _NAME_FIELDS:
+        if _missing(v) or not isinstance(v, str) or not v.strip():
+            return f"is {v!r}; it names the cell, so it must be a non-empty text"
+    elif name == "status":
+        if not _missing(v) and v not in _STATUSES:
+            return f"is {v!r}; allowed: {', '.join(_STATUSES)}"
+    elif name == "seed":
+        # (a whole float is fine: pandas reads an int column with gaps as floats)
+        whole = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and float(v).is_integer()
+        if not _missing(v) and not (whole and v >= 0):
+            return f"is {v!r}; a seed is a non-negative integer"
+    elif name in BOOL_FIELDS:
+        if not _missing(v) and not isinstance(v, bool | numbers.Integral) and str(v).strip().lower() not in _BOOL_TEXT:
+            return f"is {v!r}; allowed: true/false (or 1/0, yes/no)"
+        if isinstance(v, numbers.Integral) and not isinstance(v, bool) and v not in (0, 1):
+            return f"is {v!r}; allowed: true/false (or 1/0, yes/no)"
+    return None
+
+
+CHECKED_FIELDS: tuple[str, ...] = ("ratio", *_NAME_FIELDS, "status", "seed", *BOOL_FIELDS)
+
+
+def check_columns(columns: Mapping[str, Sequence[Any]], source: str) -> None:
+    """Refuse records read back that kvroute could not have written: ``columns`` maps a field to its values (one
+    per record, as read). Raises :class:`StoreError` naming ``source``, the record (1-based), the field and what
+    it may hold: a ratio outside [0, 1) or missing, a blank model/instance/press, a status other than ok/error, a
+    negative seed, a boolean field holding anything but true/false."""
+    for name in CHECKED_FIELDS:
+        values = columns.get(name)
+        if values is None:
+            continue
+        for i, v in enumerate(values, start=1):
+            problem = _value_problem(name, v)
+            if problem:
+                raise StoreError(f"{source}: record {i}: field {name!r} {problem}; fix or remove that record "
+                                 "(the file was not written by kvroute as it stands)")

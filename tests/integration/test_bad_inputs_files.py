@@ -114,3 +114,116 @@ def test_resume_refuses_an_instance_edited_under_the_same_id(tiny, good_instance
     _hand_written(good_instance, tasks)  # the original content back: the resume has nothing to do
     code, out, err = cli(["sweep", cfg, "--out", tmp_path / "run", "--resume"], capsys)
     assert code == 0 and "0 cells computed" in out, err
+
+
+# 8. tracebacks: each a one-line error now ---------------------------------------------------------------
+def test_report_refuses_a_negative_seed(run_copy, tmp_path, capsys):
+    assert_fails_cleanly(["report", run_copy, "--seed", "-1"], capsys, tmp_path, ("--seed", "0 to"))
+
+
+@pytest.mark.parametrize(("where", "value"), [("question", "In which town \ud800?"), ("meta", {"note": "\ud800"}),
+                                               ("answers", ["\ud800"]), ("meta", {"\ud800": 1})])
+def test_run_and_show_refuse_a_lone_surrogate(where, value, good_instance, tiny, tmp_path, capsys):
+    f = tmp_path / "sur.jsonl"
+    f.write_text(json.dumps({**good_instance, where: value}) + "\n")  # ASCII escapes: \ud800 reaches json.loads
+    assert_fails_cleanly(["run", "--model", tiny, "--tasks", f, "--press", "knorm", "--ratio", "0.5",
+                          "--out", tmp_path / "o.jsonl"], capsys, tmp_path, ("line 1", "lone surrogate"))
+    assert_fails_cleanly(["tasks", "show", f], capsys, tmp_path, ("line 1", "lone surrogate"))
+
+
+def test_a_lone_surrogate_in_an_instance_built_in_python_is_refused(good_instance):
+    from kvroute.errors import TaskFormatError
+    from kvroute.tasks import TaskInstance
+
+    with pytest.raises(TaskFormatError, match="'question'.*lone surrogate"):
+        TaskInstance.from_dict({**good_instance, "id": None, "question": "Who \ud800?"})
+
+
+@pytest.mark.parametrize("name", ["deep.jsonl", "deep.json"])
+def test_tasks_refuse_json_nested_too_deep(name, tmp_path, capsys):
+    (tmp_path / name).write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    assert_fails_cleanly(["tasks", "show", tmp_path / name], capsys, tmp_path, ("nested more than",))
+
+
+def test_task_meta_nested_too_deep_is_refused(good_instance, tmp_path, capsys):
+    meta: dict = {}
+    for _ in range(200):
+        meta = {"x": meta}
+    (tmp_path / "m.jsonl").write_text(json.dumps({**good_instance, "meta": meta}) + "\n")
+    assert_fails_cleanly(["tasks", "show", tmp_path / "m.jsonl"], capsys, tmp_path, ("line 1", "nested more than"))
+
+
+def test_sweep_refuses_a_config_nested_too_deep(tmp_path, capsys):
+    (tmp_path / "deep.json").write_text('{"models": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert_fails_cleanly(["sweep", tmp_path / "deep.json", "--out", tmp_path / "run", "--dry-run"], capsys, tmp_path,
+                         ("deep.json", "nested more than"))
+
+
+@pytest.mark.parametrize("args", [["--seeds", "99999999999999999999999"], ["--set", "seeds=[4294967296]"]])
+def test_sweep_dry_run_refuses_a_seed_sqlite_cannot_hold(args, sweep_config, tmp_path, capsys):
+    assert_fails_cleanly(["sweep", sweep_config, "--out", tmp_path / "run", "--dry-run", *args], capsys, tmp_path,
+                         ("seeds[0]", "0 to 4294967295"))
+
+
+def test_run_and_generate_refuse_a_huge_seed(tiny, tasks_file, tmp_path, capsys):
+    assert_fails_cleanly(["run", "--model", tiny, "--tasks", tasks_file, "--press", "knorm", "--ratio", "0.5",
+                          "--seed", str(2**64), "--out", tmp_path / "o.jsonl"], capsys, tmp_path, "--seed")
+    assert_fails_cleanly(["tasks", "generate", "base", "--seed", str(2**64), "--out", tmp_path / "t.jsonl"], capsys,
+                         tmp_path, "seed")
+
+
+def _csv_with_ratio(run: Path, tmp_path: Path, cell: str) -> Path:
+    """The run's CSV export with the first record's ratio cell replaced by ``cell`` (raw CSV text)."""
+    from kvroute.sweep.export import export_records
+
+    src, _ = export_records(run, "csv", tmp_path / "src.csv")
+    lines = src.read_text(encoding="utf-8").split("\n")
+    src.unlink()
+    header = lines[0].split(",")
+    i = header.index('"ratio"')
+    row = lines[1].split(",")  # the first columns are plain scalars, none holding a comma
+    assert i < 8
+    row[i] = cell
+    lines[1] = ",".join(row)
+    out = tmp_path / "bad.csv"
+    out.write_text("\n".join(lines), encoding="utf-8")
+    return out
+
+
+@pytest.mark.parametrize(("cell", "match"), [("", "'ratio'"), ("nan", "missing"), ('"nan"', "missing"),
+                                             ('"abc"', "'abc'"), ('"1.5"', "[0, 1)"), ('"-0.5"', "[0, 1)")])
+def test_report_refuses_a_csv_record_with_a_bad_ratio(cell, match, run_copy, tmp_path, capsys):
+    bad = _csv_with_ratio(run_copy, tmp_path, cell)
+    assert_fails_cleanly(["report", bad, "--n-boot", "10"], capsys, tmp_path, ("record 1", "'ratio'", match))
+
+
+@pytest.mark.parametrize(("sql", "match"), [
+    ("UPDATE records SET ratio = NULL WHERE rowid = 1", ("record 1", "'ratio'", "missing")),
+    ("UPDATE records SET ratio = 'abc' WHERE rowid = 1", ("record 1", "'ratio'", "'abc'")),
+    ("UPDATE records SET consensus_nosink = x'0102' WHERE rowid = 1", ("store", "blob of 2 bytes")),
+], ids=["null-ratio", "text-ratio", "torn-blob"])
+@pytest.mark.parametrize("command", [["report", "--n-boot", "10"], ["export", "--format", "csv"],
+                                     ["export", "--format", "parquet"]], ids=["report", "csv", "parquet"])
+def test_report_and_export_refuse_a_damaged_record(sql, match, command, run_copy, tmp_path, capsys):
+    import sqlite3
+
+    con = sqlite3.connect(run_copy / STORE_NAME)
+    con.execute(sql)
+    con.commit()
+    con.close()
+    assert_fails_cleanly([command[0], run_copy, *command[1:]], capsys, tmp_path, match)
+
+
+@pytest.mark.parametrize("value", ["not a value", "mod:", ":Cls", "a.b:c:d", "1mod:Cls"])
+def test_a_malformed_plugin_value_is_refused_in_one_line(value, sweep_config, tmp_path, capsys, monkeypatch):
+    from tests.integration.test_press_plugins import _fresh_discovery, declare_plugins
+
+    declare_plugins(tmp_path / "site", monkeypatch, {"oddpress": value}, dist="odd-plugins")
+    try:
+        assert_fails_cleanly(["sweep", sweep_config, "--out", tmp_path / "run", "--dry-run", "--press", "oddpress"],
+                             capsys, tmp_path, "oddpress")
+        code, out, err = cli(["presses", "list"], capsys)
+        assert code == 0 and "Traceback" not in out + err, err
+        assert "not module:Class" in " ".join(out.split())
+    finally:
+        _fresh_discovery()

@@ -19,7 +19,16 @@ import numpy as np
 import pandas as pd
 
 from kvroute.errors import StoreError
-from kvroute.record_format import BOOL_FIELDS, STORE_NAME, TABLE, VECTOR_FIELDS, decode_bool, decode_list
+from kvroute.record_format import (
+    BOOL_FIELDS,
+    CHECKED_FIELDS,
+    STORE_NAME,
+    TABLE,
+    VECTOR_FIELDS,
+    check_columns,
+    decode_bool,
+    decode_list,
+)
 from kvroute.records import RENAMED_FIELDS
 
 MANIFEST_NAME = "manifest.json"
@@ -111,7 +120,7 @@ def _load_records(path: str | Path) -> pd.DataFrame:
     if p.is_dir():
         store = p / STORE_NAME
         if store.is_file():
-            return _decode(_read_sqlite(store))
+            return _decode(_read_sqlite(store), store)
         exports = [p / f"records{s}" for s in _FILE_SUFFIXES[:4] if (p / f"records{s}").is_file()]
         if exports:
             return _load_records(exports[0])
@@ -126,7 +135,7 @@ def _load_records(path: str | Path) -> pd.DataFrame:
         elif suffix == ".csv":
             df = _read_csv(p)
         elif suffix in (".jsonl", ".ndjson"):
-            df = pd.read_json(p, lines=True, dtype=False)
+            df = pd.read_json(p, lines=True, dtype=False, encoding="utf-8-sig")
         elif suffix in (".sqlite", ".db"):
             df = _read_sqlite(p)
         else:
@@ -134,7 +143,7 @@ def _load_records(path: str | Path) -> pd.DataFrame:
                              f"{', '.join(_FILE_SUFFIXES)} file")
     except (ValueError, OSError) as e:
         raise StoreError(f"could not read records from {p}: {e}") from e
-    return _decode(df)
+    return _decode(df, p)
 
 
 def load_manifest(path: str | Path) -> dict[str, Any] | None:
@@ -144,7 +153,9 @@ def load_manifest(path: str | Path) -> dict[str, Any] | None:
     if not f.is_file():
         return None
     try:
-        data = json.loads(f.read_text())
+        data = json.loads(f.read_text(encoding="utf-8-sig"))
+    except RecursionError:
+        raise StoreError(f"{f} is nested too deep to be a run manifest; fix or remove it") from None
     except json.JSONDecodeError as e:
         raise StoreError(f"{f} is not valid JSON ({e}); fix or remove it") from e
     return data if isinstance(data, dict) else {"manifest": data}
@@ -168,16 +179,20 @@ def _read_sqlite(path: Path) -> pd.DataFrame:
     except sqlite3.Error as e:
         raise StoreError(f"cannot open {path}: {e}") from e
     try:
-        from kvroute.sweep.store import quick_check
+        from kvroute.sweep.store import check_schema, quick_check
 
         quick_check(con, path)
+        check_schema(con, path)
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
         if TABLE not in tables:
             raise StoreError(f"{path} has no {TABLE!r} table (tables: {', '.join(sorted(tables)) or 'none'}); "
                              f"is it a kvroute run store?")
         from kvroute.sweep.store import decode_columns  # the store's own column kinds: vectors, lists, bools
 
-        return decode_columns(con, pd.read_sql_query(f"SELECT * FROM {TABLE}", con))
+        try:
+            return decode_columns(con, pd.read_sql_query(f"SELECT * FROM {TABLE}", con))
+        except StoreError as e:  # a value the store's encoding cannot hold (a torn blob): name the store
+            raise StoreError(f"{path}: {e}") from None
     except sqlite3.Error as e:
         raise StoreError(f"cannot read {path}: {e}") from e
     finally:
@@ -236,7 +251,9 @@ def legacy_routed(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _decode(df: pd.DataFrame) -> pd.DataFrame:
+def _decode(df: pd.DataFrame, source: Path) -> pd.DataFrame:
+    # records read back are checked as records written are: a ratio in [0, 1), named cells, true/false booleans
+    check_columns({c: df[c].tolist() for c in CHECKED_FIELDS if c in df.columns}, str(source))
     df, errored = split_errors(legacy_routed(rename_legacy_fields(df)))
     df = df.copy()
     df.attrs = {**df.attrs, ERRORS_ATTR: error_groups(errored)}

@@ -122,7 +122,7 @@ def _read_text(value: str) -> str:
         if not p.is_file():
             raise KvrouteError(f"no such file: {p}")
         try:
-            return p.read_text(encoding="utf-8")
+            return p.read_text(encoding="utf-8-sig")
         except UnicodeDecodeError as e:
             raise KvrouteError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start}); convert it "
                                "(e.g. iconv -t UTF-8) and try again") from None

@@ -27,8 +27,10 @@ def report(
 ) -> None:
     """Analyse a run's records and write report.html, summary.json and figures/."""
     from kvroute.analysis.summary import AnalysisConfig
+    from kvroute.bounds import check_seed
     from kvroute.report.build import build_run_report
 
+    check_seed(seed, "--seed")  # before any record is read
     t0 = time.perf_counter()
     path = build_run_report(run, out, title=title, config=AnalysisConfig(n_boot=n_boot, delta=delta, seed=seed),
                             progress=RichProgress())
@@ -52,8 +54,10 @@ def findings_cmd(
     from kvroute.report.league import league_markdown
 
     try:
-        data = json.loads(summary.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(summary.read_text(encoding="utf-8-sig"))
+    except RecursionError:
+        raise KvrouteError(f"cannot read {summary} as a report's summary.json: nested too deep") from None
+    except (OSError, ValueError) as e:
         raise KvrouteError(f"cannot read {summary} as a report's summary.json: {e}") from e
     if keep is not None:
         from kvroute.files import check_not_input

@@ -138,6 +138,9 @@ def run(
     for r in ratio:
         check_ratio(r)
     check_output_file(out)
+    from kvroute.bounds import check_seed
+
+    check_seed(seed, "--seed")
     check_not_input(out, {"the task file --tasks": tasks,
                           "the model file --model": model if Path(model).is_file() else None})
     if limit is not None and limit < 1:

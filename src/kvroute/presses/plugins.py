@@ -101,7 +101,7 @@ def plugins() -> tuple[Plugin, ...]:
             problem = "its name is a built-in scorer's, and built-ins win; rename the entry point"
         elif not _NAME.match(ep.name):
             problem = "its name is not a press name (letters, digits and _, not starting with a digit)"
-        elif False and not _ENTRY_VALUE.match(ep.value):  # importlib's own parse of it fails with an AttributeError
+        elif not _ENTRY_VALUE.match(ep.value):  # importlib's own parse of it fails with an AttributeError
             problem = f"its value {ep.value!r} is not module:Class (e.g. mypkg.presses:MyPress)"
         elif ep.name in taken:
             problem = f"{taken[ep.name]} declares the same name first"

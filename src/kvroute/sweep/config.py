@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvroute import __version__
+from kvroute.bounds import MAX_SEED
 from kvroute.config import apply_overrides, check_keys, load_mapping
 from kvroute.errors import ConfigError, KvrouteError
 from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
@@ -322,6 +323,9 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
             raise w.error(f"regimes[{i}]", f"allowed: {', '.join(REGIMES)}", r)
     _unique(regimes, "regimes", w)
     seeds = [_int(s, f"seeds[{i}]", w) for i, s in enumerate(_list(data, "seeds", w, default=(0,)))]
+    for i, s in enumerate(seeds):
+        if s > MAX_SEED:  # a seed goes into every generator and the store's integer column
+            raise w.error(f"seeds[{i}]", f"must be an integer from 0 to {MAX_SEED}", s)
     _unique(seeds, "seeds", w)
     metrics = _list(data, "metrics", w, default=DEFAULT_METRICS)
     for i, m in enumerate(metrics):

@@ -27,9 +27,9 @@ from typing import Any
 
 from kvroute.errors import ConfigError, StoreError
 from kvroute.files import atomic_write, check_not_input, check_output_file
-from kvroute.record_format import STORE_NAME, TEXT_FIELDS
+from kvroute.record_format import CHECKED_FIELDS, STORE_NAME, TEXT_FIELDS, check_columns
 from kvroute.sweep.manifest import MANIFEST_NAME
-from kvroute.sweep.store import check_integrity, read_records
+from kvroute.sweep.store import check_integrity, read_records, store_columns
 
 FORMATS = ("parquet", "csv")
 ORDER = "model, regime, seed, instance_id, press != 'none', press, ratio"
@@ -104,7 +104,7 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
 
     Raises :class:`ValueError` on a malformed file (ragged rows, broken quoting).
     """
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:  # a byte-order mark (Excel) is no content
         rows: Iterable[list[Any]] = csv.reader(f, quoting=csv.QUOTE_NONNUMERIC, strict=True)
         try:
             it = iter(rows)
@@ -154,15 +154,18 @@ def export_records(run_dir: str | Path, fmt: str = "parquet", out: str | Path | 
         if "no such column" not in str(e):
             raise
         records = read_records(run_dir)
+    check_columns({c: [r.get(c) for r in records] for c in CHECKED_FIELDS if any(c in r for r in records)},
+                  str(run_dir / STORE_NAME))  # records read back are checked as records written are
     path = Path(out) if out is not None else run_dir / f"records.{fmt}"
     check_output_file(path)
     check_not_input(path, run_inputs(run_dir))
     path.parent.mkdir(parents=True, exist_ok=True)
+    columns = None if records else store_columns(run_dir)  # an empty store: a header-only file, still a table
     if fmt == "csv":
-        return path, write_csv(records, path)
+        return path, write_csv(records, path, columns)
     import pandas as pd
 
-    df = pd.DataFrame.from_records(records)
+    df = pd.DataFrame.from_records(records, columns=columns)
     with atomic_write(path, "wb") as f:
         df.to_parquet(f, index=False)
     return path, len(df)

@@ -93,8 +93,8 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
     if not f.is_file():
         return None
     try:
-        data = json.loads(f.read_text())
-    except json.JSONDecodeError:
+        data = json.loads(f.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, RecursionError):
         return None  # a torn file cannot happen with atomic writes; a hand-edited one is replaced
     return data if isinstance(data, dict) else None
 

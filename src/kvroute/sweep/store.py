@@ -328,6 +328,8 @@ def iter_records(run_dir: str | Path, *, order: str = "rowid") -> Iterator[dict[
         yield from _iter(con, order)
     except sqlite3.Error as e:
         raise StoreError(f"cannot read the run store in {run_dir}: {e}") from None
+    except StoreError as e:  # a value the store's encoding cannot hold (a torn blob): name the store
+        raise StoreError(f"the run store in {run_dir}: {e}") from None
     finally:
         con.close()
 
@@ -337,7 +339,41 @@ def _open_readonly(run_dir: str | Path) -> sqlite3.Connection:
     path = path / STORE_NAME if path.is_dir() else path
     if not path.is_file():
         raise StoreError(f"no run store at {path}; pass the --out directory of a sweep")
-    return _connect(path, readonly=True)
+    con = _connect(path, readonly=True)
+    try:
+        check_schema(con, path)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def store_columns(run_dir: str | Path) -> list[str]:
+    """The names of the store's record columns (``key`` first), in table order: the header of an empty export."""
+    con = _open_readonly(run_dir)
+    try:
+        return [row[1] for row in con.execute(f"PRAGMA table_info({TABLE})")]
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot read the run store in {run_dir}: {e}") from None
+    finally:
+        con.close()
+
+
+def check_schema(con: sqlite3.Connection, path: str | Path) -> None:
+    """Raise :class:`StoreError` unless the store's ``schema_version`` is the one this kvroute reads.
+
+    Every reader checks it (the writer does in :meth:`Store.open`): a store of another version is refused,
+    never read as if it were this one. A store without a ``meta`` table (hand-made) has no version to check.
+    """
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.OperationalError:
+        return  # no meta table
+    version = None if row is None else row[0]
+    if str(version) != SCHEMA_VERSION:
+        raise StoreError(f"{path} has store schema version {version!r}; this kvroute reads version "
+                         f"{SCHEMA_VERSION}. Read it with the kvroute that wrote it (kvroute export), or start a "
+                         "fresh run")
 
 
 DAMAGED_FIX = ("restore it from a backup, recover what is readable with `sqlite3 {path} .recover > dump.sql`, "

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from kvroute.bounds import MAX_SEED
 from kvroute.errors import ConfigError
 from kvroute.registry import Registry
 from kvroute.tasks.instance import ANSWER_TYPES, IDK, QUESTION_TYPES, TaskInstance
@@ -22,6 +23,10 @@ from kvroute.tasks.text import Draft, TokenCounter, assemble, find_answer_spans
 
 MAX_N = 10_000_000
 MIN_TARGET_TOKENS = 16
+#: the longest padded context: 2**20 tokens, beyond any model kvroute runs (a context is ~5 bytes per token)
+MAX_TARGET_TOKENS = 2**20
+#: the most filler one spec may ask for, n × target_tokens: 2**27 tokens, about 650 MB of task file
+MAX_TOTAL_TOKENS = 2**27
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,14 @@ class TaskSpec:
                 raise ConfigError(f"task spec {fld}={getattr(self, fld)!r}: {msg}")
 
         need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in 1..{MAX_N}")
-        need(_is_int(self.seed) and self.seed >= 0, "seed", "must be a non-negative integer")
+        need(_is_int(self.seed) and 0 <= self.seed <= MAX_SEED, "seed", f"must be an integer from 0 to {MAX_SEED}")
         need(_is_int(self.difficulty), "difficulty", "must be an integer level")
-        need(self.target_tokens is None or (_is_int(self.target_tokens) and self.target_tokens >= MIN_TARGET_TOKENS),
-             "target_tokens", f"must be an integer >= {MIN_TARGET_TOKENS} or None")
+        need(self.target_tokens is None or (_is_int(self.target_tokens)
+                                            and MIN_TARGET_TOKENS <= self.target_tokens <= MAX_TARGET_TOKENS),
+             "target_tokens", f"must be an integer from {MIN_TARGET_TOKENS} to {MAX_TARGET_TOKENS} or None")
+        need(self.target_tokens is None or self.n * self.target_tokens <= MAX_TOTAL_TOKENS, "target_tokens",
+             f"times n={self.n} asks for {self.n * (self.target_tokens or 0):,} tokens of context; at most "
+             f"{MAX_TOTAL_TOKENS:,} per spec (fewer instances or shorter contexts)")
         need(self.depth is None or (isinstance(self.depth, int | float) and 0.0 <= self.depth <= 1.0),
              "depth", "must be a number in [0, 1] or None")
         need(self.distractors is None or (_is_int(self.distractors) and self.distractors >= 0),

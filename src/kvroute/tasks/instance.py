@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvroute.bounds import value_problem
 from kvroute.errors import TaskFormatError
 from kvroute.tasks.locate import match_key
 from kvroute.text import Span, normalize_answer
@@ -59,7 +60,8 @@ def content_hash(*, family: str, context: str, question: str, answers: Sequence[
     canon = json.dumps([family, context, question, list(answers), bool(unanswerable),
                         [list(s) for s in answer_spans], [list(s) for s in evidence_spans], list(distractors),
                         answer_type, question_type], ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
+    # surrogatepass: valid text hashes as UTF-8; a lone surrogate is refused by validate(), not by the encoder here
+    return hashlib.sha256(canon.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -227,10 +229,14 @@ def _validate_identity(inst: TaskInstance) -> None:
 
 
 def _validate_content(inst: TaskInstance) -> None:
-    """context, question, unanswerable, answers, answer and question types."""
+    """context, question, unanswerable, answers, answer and question types; every string UTF-8 text."""
     for name in ("context", "question"):
         if not isinstance(getattr(inst, name), str) or not getattr(inst, name).strip():
             raise _fail(name, "must be a non-empty string")
+    for name in ("family", "context", "question", "answers", "distractors", "meta"):
+        problem = value_problem(getattr(inst, name))  # a lone surrogate would fail every encoder downstream
+        if problem:
+            raise _fail(name, problem.removeprefix("holds a string that "))
     if not isinstance(inst.unanswerable, bool):
         raise _fail("unanswerable", f"must be true or false, got {inst.unanswerable!r}")
     if not inst.answers or not all(isinstance(a, str) and a.strip() for a in inst.answers):

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from kvroute.bounds import loads_json
 from kvroute.errors import TaskFormatError
 from kvroute.files import atomic_write
 from kvroute.tasks.instance import TaskInstance
@@ -45,16 +46,18 @@ def load_tasks(path: str | os.PathLike[str]) -> list[TaskInstance]:
     if not p.is_file():
         raise TaskFormatError("no such file; give a .jsonl task file (see `kvroute tasks generate`)", path=str(p))
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors, Excel) is no content
     except UnicodeDecodeError as e:
         raise TaskFormatError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
     out: list[TaskInstance] = []
     lines: list[int] = []
     if p.suffix.lower() == ".json":
         try:
-            items = json.loads(text)
+            items = loads_json(text)
         except json.JSONDecodeError as e:
             raise TaskFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=str(p), line=e.lineno) from None
+        except ValueError as e:
+            raise TaskFormatError(f"the JSON {e}", path=str(p)) from None
         if not isinstance(items, list):
             raise TaskFormatError("a .json task file must hold a list of instances (or use .jsonl)", path=str(p))
         for i, item in enumerate(items, start=1):
@@ -65,10 +68,12 @@ def load_tasks(path: str | os.PathLike[str]) -> list[TaskInstance]:
             if not line.strip():
                 continue
             try:
-                item = json.loads(line)
+                item = loads_json(line)
             except json.JSONDecodeError as e:
                 raise TaskFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=str(p),
                                       line=lineno) from None
+            except ValueError as e:
+                raise TaskFormatError(f"the JSON {e}", path=str(p), line=lineno) from None
             out.append(TaskInstance.from_dict(item, path=str(p), line=lineno))
             lines.append(lineno)
     seen: dict[str, int] = {}

@@ -116,7 +116,7 @@ def _paragraphs(path: str | None) -> tuple[tuple[str, ...], ...]:
         text = resources.files("kvroute.tasks").joinpath("data/haystack.txt").read_text(encoding="utf-8")
     else:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_text(encoding="utf-8-sig")
         except UnicodeDecodeError as e:
             raise TaskFormatError(f"haystack is not UTF-8 text ({e.reason} at byte {e.start})", path=path) from None
     paras = []

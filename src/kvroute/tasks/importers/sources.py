@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvroute.bounds import loads_json
 from kvroute.errors import ConfigError, NetworkError, TaskFormatError
 from kvroute.tasks.importers.base import Where
 
@@ -70,7 +71,7 @@ def _columns(rows: Any) -> tuple[str, ...]:
 
 def _text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark is no content
     except UnicodeDecodeError as e:
         raise TaskFormatError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=str(path)) from None
 
@@ -88,18 +89,22 @@ def _jsonl(path: Path, kind: str) -> list[tuple[Where, Mapping[str, Any]]]:
             continue
         where = Where(str(path), len(out) + 1, lineno)
         try:
-            item = json.loads(line)
+            item = loads_json(line)
         except json.JSONDecodeError as e:
             raise where.error(f"invalid JSON: {e.msg} (column {e.colno})") from None
+        except ValueError as e:
+            raise where.error(f"the JSON {e}") from None
         out.append((where, _object(item, where)))
     return out
 
 
 def _json(path: Path, kind: str) -> list[tuple[Where, Mapping[str, Any]]]:
     try:
-        items = json.loads(_text(path))
+        items = loads_json(_text(path))
     except json.JSONDecodeError as e:
         raise TaskFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=str(path), line=e.lineno) from None
+    except ValueError as e:
+        raise TaskFormatError(f"the JSON {e}", path=str(path)) from None
     if not isinstance(items, list):
         raise TaskFormatError("a .json source must hold a list of row objects (or use .jsonl)", path=str(path))
     out = []
@@ -113,7 +118,7 @@ def _csv(path: Path, kind: str) -> list[tuple[Where, Mapping[str, Any]]]:
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # long contexts exceed the 128 KiB default
     out: list[tuple[Where, Mapping[str, Any]]] = []
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:  # Excel writes a byte-order mark
             reader = csv.DictReader(f, delimiter="\t" if kind == "tsv" else ",")
             last = reader.line_num
             for row in reader:
