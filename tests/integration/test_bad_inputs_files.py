@@ -227,3 +227,120 @@ def test_a_malformed_plugin_value_is_refused_in_one_line(value, sweep_config, tm
         assert "not module:Class" in " ".join(out.split())
     finally:
         _fresh_discovery()
+
+
+# 9. readers that check what they read ---------------------------------------------------------------------
+BOM = "\ufeff"
+
+
+def test_a_task_file_with_a_byte_order_mark_reads(tasks_file, capsys):
+    tasks_file.write_bytes(BOM.encode() + tasks_file.read_bytes())
+    code, out, err = cli(["tasks", "show", tasks_file, "--json"], capsys)
+    assert code == 0, err
+    assert len(json.loads(out)) == 2
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_an_import_with_a_byte_order_mark_reads(suffix, good_instance, tmp_path, capsys):
+    row = {"context": good_instance["context"], "question": good_instance["question"],
+           "answer": good_instance["answers"][0]}
+    src = tmp_path / f"excel.{suffix}"
+    if suffix == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+        text = buf.getvalue()
+    else:
+        text = json.dumps(row) + "\n"
+    src.write_text(BOM + text, encoding="utf-8")
+    code, _, err = cli(["tasks", "import", src, "--out", tmp_path / "t.jsonl"], capsys)
+    assert code == 0, err
+    from kvroute.tasks import load_tasks
+
+    (inst,) = load_tasks(tmp_path / "t.jsonl")
+    assert inst.context == good_instance["context"]
+
+
+def test_a_csv_export_with_a_byte_order_mark_reads_back(run_copy, tmp_path):
+    from kvroute.analysis.load import load_records
+    from kvroute.sweep.export import export_records
+
+    path, n = export_records(run_copy, "csv", tmp_path / "r.csv")
+    plain = load_records(path)
+    path.write_bytes(BOM.encode() + path.read_bytes())
+    with_bom = load_records(path)
+    assert list(with_bom.columns) == list(plain.columns) and len(with_bom) == n
+
+
+@pytest.mark.parametrize("version", ["0", "2", None])
+@pytest.mark.parametrize("command", [["report", "--n-boot", "10"], ["export", "--format", "csv"]],
+                         ids=["report", "export"])
+def test_report_and_export_refuse_another_schema_version(version, command, run_copy, tmp_path, capsys):
+    import sqlite3
+
+    con = sqlite3.connect(run_copy / STORE_NAME)
+    if version is None:
+        con.execute("DELETE FROM meta WHERE key = 'schema_version'")
+    else:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+    con.commit()
+    con.close()
+    assert_fails_cleanly([command[0], run_copy, *command[1:]], capsys, tmp_path, ("schema version", "reads version 1"))
+
+
+@pytest.mark.parametrize(("field", "cell", "match"), [
+    ("ratio", '"1.5"', "[0, 1)"),
+    ("instance_id", '""', "non-empty"),
+    ("instance_id", "nan", "non-empty"),
+    ("hallucinated", '"maybe"', "true/false"),
+    ("status", '"fine"', "ok, error"),
+    ("seed", '"-3"', "non-negative"),
+])
+def test_report_refuses_a_csv_record_kvroute_could_not_have_written(field, cell, match, run_copy, tmp_path, capsys):
+    import csv
+
+    from kvroute.sweep.export import export_records
+
+    src, _ = export_records(run_copy, "csv", tmp_path / "src.csv")
+    rows = list(csv.reader(src.open(encoding="utf-8", newline="")))
+    src.unlink()
+    i = rows[0].index(field)
+    lines = []
+    for r, row in enumerate(rows):
+        cells = ["nan" if c == "nan" else '"' + c.replace('"', '""') + '"' for c in row]  # kvroute's dialect
+        if r == 1:
+            cells[i] = cell
+        lines.append(",".join(cells))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert_fails_cleanly(["report", bad, "--n-boot", "10"], capsys, tmp_path, ("record 1", repr(field), match))
+
+
+def test_two_spellings_of_one_ratio_are_one_ratio(sweep_config, tiny, tasks_file, tmp_path, capsys):
+    assert_fails_cleanly(["sweep", sweep_config, "--out", tmp_path / "run", "--dry-run",
+                          "--ratios", "0,0.5,0.5000000000000001"], capsys, tmp_path, ("ratios[2]", "twice"))
+    assert_fails_cleanly(["run", "--model", tiny, "--tasks", tasks_file, "--press", "knorm", "--ratio", "0.5",
+                          "--ratio", "0.5000000000000001", "--out", tmp_path / "o.jsonl"], capsys, tmp_path,
+                         "given twice")
+    from kvroute.presses import check_ratio
+
+    assert check_ratio(0.5000000000000001) == 0.5 and check_ratio(0.1 + 0.2) == 0.3
+    assert check_ratio(0.123456789) == 0.123456789  # ratios as people write them are kept as written
+
+
+def test_an_empty_store_exports_a_header_only_csv(tmp_path, capsys):
+    import pandas as pd
+
+    from kvroute.sweep.store import Store
+
+    with Store.open(tmp_path / "run"):
+        pass
+    code, _, err = cli(["export", tmp_path / "run", "--format", "csv", "--out", tmp_path / "r.csv"], capsys)
+    assert code == 0, err
+    text = (tmp_path / "r.csv").read_text()
+    assert text.strip() and text.count("\n") == 1, text  # one header line, no rows
+    assert len(pd.read_csv(tmp_path / "r.csv")) == 0

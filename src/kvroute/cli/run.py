@@ -129,14 +129,18 @@ def run(
     from kvroute.engine import Cell, Engine
     from kvroute.files import atomic_write, check_not_input, check_output_file
     from kvroute.presses import build_press, check_ratio
+    from kvroute.presses.selection.base import RATIO_DIGITS
     from kvroute.runner import run_instance
     from kvroute.settings import RunSettings
     from kvroute.tasks import load_tasks
 
     for p in press:  # names, ratios and the output path are checked before anything loads
         build_press(p)
-    for r in ratio:
-        check_ratio(r)
+    ratio = [check_ratio(r) for r in ratio]  # canonical: 0.5 and 0.5000000000000001 are one ratio
+    twice = next((r for i, r in enumerate(ratio) if r in ratio[:i]), None)
+    if twice is not None:
+        raise KvrouteError(f"--ratio {twice:g} is given twice (as spelled or once rounded to "
+                           f"{RATIO_DIGITS} digits); give each ratio once")
     check_output_file(out)
     from kvroute.bounds import check_seed
 

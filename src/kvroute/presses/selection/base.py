@@ -20,15 +20,20 @@ from kvroute.presses.scorers.base import ScoreInputs, Scorer, check_params
 from kvroute.presses.spec import ComponentSpec, parse_component
 from kvroute.registry import Registry
 
+#: significant digits of a ratio: 0.3 and 0.1 + 0.2 (0.30000000000000004) are one ratio, not two cells
+RATIO_DIGITS = 12
+
 
 def check_ratio(ratio: float) -> float:
+    """``ratio`` checked (a number in [0, 1)) and in its canonical form (:data:`RATIO_DIGITS` significant
+    digits), so two spellings of one ratio make one cell, one key and one point of a curve."""
     try:
         r = float(ratio)
     except (TypeError, ValueError):
         raise ConfigError(f"compression ratio must be a number in [0, 1), got {ratio!r}") from None
-    if not 0.0 <= r < 1.0:
+    if not 0.0 <= r < 1.0 or not 0.0 <= float(f"{r:.{RATIO_DIGITS}g}") < 1.0:
         raise ConfigError(f"compression ratio must be in [0, 1) (the fraction of context entries removed), got {r}")
-    return r
+    return float(f"{r:.{RATIO_DIGITS}g}")
 
 
 def n_kept(num_tokens: int, ratio: float) -> int:
