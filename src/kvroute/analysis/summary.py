@@ -1,15 +1,14 @@
 """Everything at once: :func:`analyze` returns the headline numbers as JSON data (``summary.json``).
 
-:func:`run_analysis` returns the same summary plus the tidy tables the report draws from. Each
-section runs only when the records carry the columns it needs; a skipped section is named in
-``summary["notes"]`` with the reason, never filled with a made-up number.
+:func:`run_analysis` returns the same summary plus the tidy tables the report draws from. It runs
+the sections registered in :mod:`kvroute.analysis.sections`, in order; each runs only when the records
+carry the columns it needs, and a skipped section is named in ``summary["notes"]`` with the reason,
+never filled with a made-up number.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,66 +16,16 @@ import numpy as np
 import pandas as pd
 
 from kvroute import __version__
-from kvroute.analysis.cliff import cliff_tables
-from kvroute.analysis.common import (
-    ALL,
-    PRESS_KEYS,
-    AnalysisError,
-    caused_view,
-    has_columns,
-    jsonable,
-    with_defaults,
-)
-from kvroute.analysis.compare import selection_comparison
-from kvroute.analysis.context import LONG_CONTEXT, cliff_vs_length
-from kvroute.analysis.correlation import conditional_hallucination, ger_hallucination_correlation, within_ratio_link
-from kvroute.analysis.curves import (
-    CONSENSUS_COL,
-    CONSENSUS_GROUP_COL,
-    TREND_MEANING,
-    breakdown,
-    layer_profiles,
-    profile_trend,
-    routing_curves,
-)
-from kvroute.analysis.decomposition import failure_decomposition, rigidity_comparison
-from kvroute.analysis.league import LEAGUE_RULE, MIN_LEAGUE_INSTANCES, press_league
+from kvroute.analysis.common import ALL, PRESS_KEYS, AnalysisError, jsonable, with_defaults
+from kvroute.analysis.curves import CONSENSUS_COL, CONSENSUS_GROUP_COL, TREND_MEANING
+from kvroute.analysis.league import LEAGUE_RULE
 from kvroute.analysis.load import drop_errors, rename_legacy_fields
-from kvroute.analysis.probe import identity_by_ratio, lens_profiles, probe_by_ratio
-from kvroute.analysis.redundancy import redundancy_table
-from kvroute.analysis.retrieval import retrieval_vs_ger
-from kvroute.analysis.size import cliff_vs_size
-from kvroute.errors import ConfigError
+from kvroute.analysis.sections import SECTIONS, SectionInput
+from kvroute.analysis.settings import AnalysisConfig
+
+__all__ = ["Analysis", "AnalysisConfig", "analyze", "run_analysis"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AnalysisConfig:
-    """The analysis's operational choices; validated on construction."""
-
-    delta: float = 0.05  # safe ratio: allowed rise of H over the baseline
-    n_boot: int = 1000  # bootstrap replicates (resampling instances)
-    seed: int = 0
-    confidence: float = 0.95
-    ger_threshold: float = 1.0  # ger_all_layers at or above this = answer globally evicted
-    min_amplitude: float = 0.1  # H must rise this much for a cliff to be fitted
-    long_context_family: str = LONG_CONTEXT
-    length_edges: tuple[float, ...] | None = None  # context-length bin edges (default: half octaves)
-    probe_folds: int = 5
-    league_min_instances: int = MIN_LEAGUE_INSTANCES  # press league: fewer instances = undecided, unranked
-
-    def __post_init__(self) -> None:
-        checks = [("delta", 0 < self.delta < 1, "in (0, 1)"), ("n_boot", self.n_boot >= 10, "at least 10"),
-                  ("confidence", 0.5 <= self.confidence < 1, "in [0.5, 1)"),
-                  ("ger_threshold", 0 < self.ger_threshold <= 1, "in (0, 1]"),
-                  ("min_amplitude", 0 < self.min_amplitude < 1, "in (0, 1)"),
-                  ("probe_folds", self.probe_folds >= 2, "at least 2"),
-                  ("league_min_instances", self.league_min_instances >= 2, "at least 2")]
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ConfigError(f"analysis setting {name}={getattr(self, name)!r} is out of range; "
-                                  f"it must be {allowed}")
 
 
 @dataclass
@@ -115,86 +64,17 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                                             for g in cell_errors[:5])
                                 + (f"; {len(cell_errors) - 5} more reasons" if len(cell_errors) > 5 else ""))
 
-    def section(name: str, needs: list[str], fn: Callable[[], dict[str, pd.DataFrame]]) -> None:
-        missing = [c for c in needs if not has_columns(df, [c])]
-        if missing:
-            notes[name] = f"skipped: the records have no {', '.join(missing)}"
-            return
+    x = SectionInput(df, cfg, tables)
+    for name, sec in SECTIONS.items():
+        reason = sec.skip_reason(x)
+        if reason is not None:
+            notes[name] = reason
+            continue
         try:
-            tables.update(fn())
+            tables.update(sec.tables(x))
         except AnalysisError as e:
             notes[name] = f"skipped: {e}"
             log.warning("analysis section %s skipped: %s", name, e)
-
-    boot: dict[str, Any] = dict(n_boot=cfg.n_boot, confidence=cfg.confidence, seed=cfg.seed)
-    section("cliff", ["hallucinated"], lambda: dict(zip(
-        ("cliff_curves", "cliffs"),
-        cliff_tables(df, delta=cfg.delta, min_amplitude=cfg.min_amplitude, **boot), strict=True)))
-    # the headline view: hallucination caused by compression, among the instances right uncompressed
-    section("cliff_caused", ["hallucinated", "outcome"], lambda: dict(zip(
-        ("cliff_curves_caused", "cliffs_caused"),
-        cliff_tables(_nonempty(caused_view(df)), delta=cfg.delta, min_amplitude=cfg.min_amplitude, **boot),
-        strict=True)))
-    if (df["family"] == cfg.long_context_family).any():
-        section("context_length", ["hallucinated", "context_tokens"], lambda: dict(zip(
-            ("length_cliffs", "length_verdicts"),
-            cliff_vs_length(df, family=cfg.long_context_family, edges=cfg.length_edges,
-                            min_amplitude=cfg.min_amplitude, **boot), strict=True)))
-    else:
-        notes["context_length"] = f"skipped: no {cfg.long_context_family!r} family cells in these records"
-    # α* against model size: per family, models with a known parameter count (the zoo's), trend and projection
-    if df["model"].nunique() > 1:
-        section("model_size", ["hallucinated"], lambda: dict(zip(
-            ("size_cliffs", "size_trends"),
-            cliff_vs_size(df, exclude_families=(cfg.long_context_family,), min_amplitude=cfg.min_amplitude, **boot),
-            strict=True)))
-    else:
-        notes["model_size"] = "skipped: one model in these records"
-    # the headline GER reading: within instance at matched ratios (conditional logit, instance-clustered bootstrap)
-    section("ger_within_ratio", ["ger", "hallucinated"], lambda: {
-        "ger_within_ratio": within_ratio_link(df, threshold=cfg.ger_threshold, **boot)})
-    # the routing view of the leaderboard: the run's cliffs and within-ratio links side by side, matched budgets
-    section("press_league", ["hallucinated"], lambda: {"press_league": press_league(
-        df, cliffs=tables.get("cliffs"), within=tables.get("ger_within_ratio"), delta=cfg.delta,
-        min_amplitude=cfg.min_amplitude, ger_threshold=cfg.ger_threshold, min_instances=cfg.league_min_instances,
-        **boot)})
-    section("ger_correlation", ["ger", "hallucinated"],
-            lambda: dict(zip(("ger_points", "ger_correlation"), ger_hallucination_correlation(df), strict=True)))
-    section("conditional", ["ger_all_layers", "hallucinated"], lambda: {
-        "conditional": conditional_hallucination(df, threshold=cfg.ger_threshold),
-        "conditional_by_ratio": conditional_hallucination(df, threshold=cfg.ger_threshold, keys=PRESS_KEYS,
-                                                          by_ratio=True)})
-    section("decomposition", ["outcome", "ger_all_layers"], lambda: {
-        "decomposition": failure_decomposition(df, ger_threshold=cfg.ger_threshold, **boot)})
-    section("rigidity", ["outcome", "ger", "ger_all_layers", CONSENSUS_COL], lambda: {
-        "rigidity": rigidity_comparison(df, ger_threshold=cfg.ger_threshold)})
-    section("routing", [], lambda: {"routing": routing_curves(df)})
-    for by in ("answer_type", "question_type"):
-        section(f"by_{by}", [by], functools.partial(lambda b: {f"by_{b}": breakdown(df, b)}, by))
-    # layer-wise consensus: sink-free per head (the default), GQA-aware over KV groups (the cross-model
-    # comparison), and the with-sink reference; each with instance-bootstrap intervals
-    for col in (CONSENSUS_COL, "rho_nosink", CONSENSUS_GROUP_COL, "rho_group_nosink", "consensus_withsink"):
-        section(f"{col}_profiles", [col],
-                functools.partial(lambda c: {f"{c}_profiles": layer_profiles(df, c, **boot)}, col))
-    trend_cols = [c for c in (CONSENSUS_COL, CONSENSUS_GROUP_COL, "consensus_withsink") if has_columns(df, [c])]
-    section("consensus_trend", [CONSENSUS_COL], lambda: {
-        "consensus_trend": pd.concat([profile_trend(df, c, **boot) for c in trend_cols], ignore_index=True)})
-    section("selection_comparison", ["hallucinated"], lambda: {
-        "selection_comparison": selection_comparison(df, n_boot=cfg.n_boot, confidence=cfg.confidence,
-                                                     seed=cfg.seed)})
-    section("redundancy", ["evidence_heads", "reachable"], lambda: dict(zip(
-        ("redundancy", "redundancy_fit"), redundancy_table(df), strict=True)))
-    # retrieval heads (metric 'retrieval'): does the answer's survival in them predict hallucination within ratio?
-    section("retrieval", ["retrieval_hits", "answer_kept_heads", "ger", "hallucinated"], lambda: {
-        "retrieval": retrieval_vs_ger(df, n_boot=cfg.n_boot, seed=cfg.seed)})
-    # the probes that count: which candidate value is the answer (identity), and the gold's logit lens
-    section("identity_probe", ["lens_candidates"], lambda: {
-        "identity_probe": identity_by_ratio(df, folds=cfg.probe_folds, n_boot=cfg.n_boot, confidence=cfg.confidence,
-                                            seed=cfg.seed)})
-    section("lens_profiles", ["lens_gold_logprob"], lambda: {"lens_profiles": lens_profiles(df)})
-    # a control that reads the (never compressed) question: the answer type
-    section("probe", ["probe_features", "answer_type"],
-            lambda: {"probe": probe_by_ratio(df, folds=cfg.probe_folds, seed=cfg.seed)})
 
     summary = {
         "kvroute_version": __version__,
@@ -261,12 +141,6 @@ def _pick(t: pd.DataFrame | None, key: dict[str, Any]) -> pd.DataFrame:
 
 def _first(t: pd.DataFrame, col: str) -> Any:
     return t[col].iloc[0] if not t.empty and col in t.columns else None
-
-
-def _nonempty(df: pd.DataFrame) -> pd.DataFrame:
-    if df.empty:
-        raise AnalysisError("no instance is answered right with the full cache")
-    return df
 
 
 def _caused_headline(c: pd.DataFrame) -> dict[str, Any]:
