@@ -122,6 +122,29 @@ class Exits(ScorerPress):
 
 
 @dataclass
+class OutOfMemory(ScorerPress):
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+@dataclass
+class Interrupt(ScorerPress):
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        raise KeyboardInterrupt
+
+
+@dataclass
+class BadSetup(Scorer):
+    name: ClassVar[str] = "bad_setup"
+
+    def setup(self, model):
+        raise RuntimeError("no weights for this model")
+
+    def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        return knorm(x.keys)
+
+
+@dataclass
 class AllNan(ScorerPress):
     def score(self, module, hidden_states, keys, values, attentions, kwargs):
         return torch.full(keys.shape[:-1], float("nan"))
@@ -309,6 +332,36 @@ def test_a_sweep_completes_past_a_failing_press_and_resumes(tiny, tmp_path, caps
     code, stdout, err = cli(["sweep", cfg, "--out", out, "--resume"], capsys)
     assert code == 0, err
     assert "0 cells computed" in stdout  # an errored cell counts as done; nothing hits the plugin again
+
+
+def test_an_entry_point_press_is_named_by_its_plugin(tiny, tasks, tmp_path, capsys, monkeypatch, baseline):
+    declare_plugins(tmp_path / "site", monkeypatch, {"flaky": f"{MODULE}:Runtime"}, dist="some-plugins")
+    _, recs = run(capsys, tiny, tasks, tmp_path / "out.jsonl", [*BUILT_INS, "flaky"])
+    assert_built_ins_unchanged(recs, baseline)
+    errors = {r["error"] for r in recs if r["press"] == "flaky" and r["ratio"] > 0}
+    assert errors == {f"PressPluginError: press plugin 'flaky' ({MODULE}:Runtime, from some-plugins) raised "
+                      "RuntimeError in score(): the plugin's own bug"}
+
+
+@pytest.mark.parametrize("cls,stops", [("OutOfMemory", torch.cuda.OutOfMemoryError), ("Interrupt", KeyboardInterrupt)])
+def test_out_of_memory_and_ctrl_c_still_stop_the_run(cls, stops):
+    """Not the press's fault, or the user's wish: these pass the fence and end the run as they always did."""
+    lm = tiny_model("llama", seed=0)
+    settings = RunSettings(max_new_tokens=2)
+    inst = generate_tasks(TaskSpec("base", n=1, seed=0))[0]
+    with pytest.raises(stops):
+        run_instance(Engine(lm, settings.decode_settings()), inst, [Cell("knorm", 0.5), Cell(f"{MODULE}:{cls}", 0.5)],
+                     settings=settings)
+
+
+def test_a_press_failing_in_setup_is_refused_before_anything_runs(tiny, tasks, tmp_path, capsys):
+    """setup() runs when the command checks its presses, before the first cell: one line, nothing written."""
+    code, out, err = cli(["run", "--model", tiny, "--tasks", tasks, "--press", f"{MODULE}:BadSetup", "--ratio", "0.5",
+                          "--out", tmp_path / "o.jsonl"], capsys)
+    assert code == 2
+    assert_one_line_error(code, out, err, (f"press '{MODULE}:BadSetup' raised RuntimeError in setup()",
+                                           "no weights for this model"))
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 # -- a plugin module that exits while it is imported ----------------------------------------------------

@@ -46,8 +46,9 @@ from kvroute.errors import EngineError, KvrouteError, PressPluginError
 from kvroute.presses.scorers.base import ModelScoreInputs, ScoreInputs, Scorer
 from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
 
-#: what a guarded call lets through: the user's Ctrl-C and running out of memory stop the run
-FATAL: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMemoryError)
+#: what a guarded call lets through: the user's Ctrl-C and running out of memory stop the run (torch's
+#: out-of-memory error under its name since torch 2.5, torch.cuda's before; the same class)
+FATAL: tuple[type[BaseException], ...] = (MemoryError, torch.cuda.OutOfMemoryError)
 
 
 @contextlib.contextmanager
