@@ -1,0 +1,232 @@
+"""The engine's equivalences over every architecture and head size of the tiny-model registry.
+
+:data:`kvroute.models.tiny.TINY_ARCHITECTURES` holds one tiny random model per architecture kvpress supports (Llama,
+Llama 3, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3); each test here runs over all of them (tiny_variants), so a new
+architecture is checked by adding it to the registry. For each studied (architecture, head size): masked decoding
+equals the pruned cache (kvpress's hooks) and an independent eager forward with 4D masks, batched equals one by one,
+ratio 0 and restoring every entry equal the uncompressed answer, and a couple of presses equal kvpress's pipeline
+token for token. An architecture kvroute cannot study is refused at load in one line.
+
+The kept-entries kernel (kvroute.engine.kept) is off here except in its own test: PyTorch's kernels give the
+reference numbers, and the kernel is compared with them at the registry's head sizes where it is built.
+"""
+
+from dataclasses import dataclass
+from functools import cache
+
+import pytest
+import torch
+
+from kvroute.engine import Cell, DecodeSettings, Engine
+from kvroute.engine.check import compare_prompt
+from kvroute.engine.decode import decode_cells
+from kvroute.engine.generate import greedy_generate
+from kvroute.engine.prefill import prefill
+from kvroute.engine.reference import kvpress_logits, kvpress_prompt_ids
+from kvroute.errors import ModelLoadError
+from kvroute.models import load_model
+from kvroute.models.tiny import TINY_ARCHITECTURES, save_tiny_model, tiny_model, tiny_variants
+from kvroute.presses import KeepMask
+from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
+from tests.masked_reference import masked_reference_logits
+
+CONTEXT = ("Alice Morgan was born in Ferravik in 1987 and works as a glassblower for the Northwind Company. "
+           "Her brother lives in Quenby; his manager is Tobias Vell. ") * 2
+QUESTION = "Question: where was Alice born? Answer briefly."
+STUDIED = tiny_variants()
+IDS = [f"{arch}-{d}" for arch, d in STUDIED]
+
+
+@dataclass
+class Prompt:
+    context_ids: list[int]
+    question_ids: list[int]
+    kvpress_context: str = CONTEXT
+    kvpress_question: str = QUESTION
+    answer_prefix: str = ""
+    question_window: int = 0
+
+
+@cache
+def _setup(arch, head_dim):
+    lm = tiny_model(arch, seed=0, **TINY_ARCHITECTURES[arch].sizes(head_dim))
+    c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
+    return lm, Prompt(c, q)
+
+
+@pytest.fixture(params=STUDIED, ids=IDS)
+def setup(request, monkeypatch):
+    monkeypatch.setattr("kvroute.engine.kept.ENABLED", False)  # PyTorch's kernels: the reference numbers
+    return _setup(*request.param)
+
+
+def test_the_registry_covers_every_architecture_kvpress_supports():
+    from kvpress.presses.base_press import SUPPORTED_MODELS
+
+    built = {type(_build_only(a)).__name__.replace("ForCausalLM", "") for a in TINY_ARCHITECTURES}
+    for cls in SUPPORTED_MODELS:
+        family = cls.__name__.replace("ForCausalLM", "").replace("ForConditionalGeneration", "")
+        assert family in built, f"kvpress supports {cls.__name__}; the tiny registry has no {family}"
+    assert {d for _, d in tiny_variants(studied=None)} >= {64, 128, 256}
+
+
+def _build_only(arch):
+    from kvroute.models.tiny import _build
+
+    return _build(arch, 0, torch.float32, "sdpa", layers=1)
+
+
+def test_the_tiny_models_have_their_architectures_traits():
+    from kvroute.models.tiny import _build
+
+    def build(arch):
+        return _build(arch, 0, torch.float32, "sdpa")
+
+    llama3 = build("llama3")
+    assert llama3.config.rope_parameters["rope_type"] == "llama3"
+    assert llama3.config.head_dim == 128 and llama3.config.num_attention_heads // llama3.config.num_key_value_heads == 4
+    assert build("qwen2").model.layers[0].self_attn.q_proj.bias is not None
+    assert hasattr(build("qwen3").model.layers[0].self_attn, "q_norm")
+    phi = build("phi3").model.layers[0].self_attn
+    assert hasattr(phi, "qkv_proj") and not hasattr(phi, "q_proj")
+    gemma = build("gemma3")
+    assert gemma.config.head_dim == 256 and gemma.config.query_pre_attn_scalar == 256
+    assert {"sliding_attention", "full_attention"} == set(gemma.config.layer_types)
+
+
+def test_ratio_zero_and_restoring_everything_equal_the_uncompressed_answer(setup):
+    lm, prompt = setup
+    T = len(prompt.context_ids)
+    eng = Engine(lm, DecodeSettings(max_new_tokens=6))
+    res = eng.run(prompt, [Cell("knorm", 0.0), Cell("snapkv[window_size=8]", 0.0), Cell("knorm", 0.9, "answer"),
+                           Cell("expected_attention", 0.75, "answer")], answer=list(range(T)))
+    ref = greedy_generate(lm, prompt.context_ids + prompt.question_ids, max_new_tokens=6)
+    assert res.full.tokens == ref
+    for out, m in zip(res.outputs, res.masks, strict=True):
+        assert bool(m.mask.all()) and out.tokens == ref
+
+
+def test_masked_decoding_equals_the_pruned_cache_and_the_4d_mask_reference(setup):
+    """The press's cells equal kvpress pruning the cache (its hooks, then a plain forward); random per-layer, per-KV
+    head masks equal one eager forward with 4D masks."""
+    lm, prompt = setup
+    c, q = prompt.context_ids, prompt.question_ids
+    eng = Engine(lm, DecodeSettings(max_new_tokens=1, keep_logits=True))
+    cells = [Cell("knorm", 0.5), Cell("snapkv[window_size=8]", 0.75)]
+    res = eng.run(prompt, cells)
+    for cell, out in zip(cells, res.outputs, strict=True):
+        ref = kvpress_logits(lm, c, q, cell.press, cell.ratio)
+        torch.testing.assert_close(out.logits[0], ref[-1], atol=1e-4, rtol=0, msg=lambda m, cell=cell: f"{cell}: {m}")
+    L, Hkv, T = lm.info.num_layers, lm.info.num_kv_heads, len(c)
+    keep = torch.rand(L, Hkv, T, generator=torch.Generator().manual_seed(0)) < 0.5
+    keep[0, 0, : T // 2] = False
+    ours = decode_cells(lm.model, lm.tokenizer, prefill(lm.model, c), q[:-1], [KeepMask(keep, "hand", 0.5)],
+                        gold_ids=q[-1:], settings=DecodeSettings(max_new_tokens=1, keep_logits=True))[0]
+    ref = masked_reference_logits(lm, c, q, keep)
+    torch.testing.assert_close(ours.logits[0], ref[-2], atol=1e-4, rtol=0)
+    torch.testing.assert_close(ours.logits[1], ref[-1], atol=1e-4, rtol=0)
+
+
+def test_batched_equals_one_by_one(setup):
+    lm, prompt = setup
+    cells = [Cell(p, r) for p in ("knorm", "snapkv[window_size=8]+adakv") for r in (0.5, 0.9)]
+    batched = Engine(lm, DecodeSettings(max_new_tokens=4, keep_logits=True)).run(prompt, cells)
+    single = Engine(lm, DecodeSettings(max_new_tokens=4, keep_logits=True, batch_size=1)).run(prompt, cells)
+    for a, b in zip(batched.outputs, single.outputs, strict=True):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=0)
+
+
+def _assert_equals_kvpress(lm, prompt, press):
+    cells = [Cell(press, r) for r in (0.25, 0.75)]
+    res = compare_prompt(Engine(lm, DecodeSettings(max_new_tokens=6, keep_logits=True, draft=True)), prompt, cells)
+    for cmp in res.cells:
+        assert cmp.comparable, cmp.describe()
+        with seeded_kvpress_layers(lm.model, 0):
+            ref = kvpress_logits(lm, prompt.context_ids, prompt.question_ids, cmp.cell.press, cmp.cell.ratio)
+        torch.testing.assert_close(cmp.ours.logits[0], ref[-1], atol=1e-4, rtol=0)
+        assert cmp.agrees, cmp.describe()
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("press", ["snapkv[window_size=8]", pytest.param("expected_attention", marks=pytest.mark.slow)])
+def test_presses_equal_kvpress_token_for_token(setup, press):
+    """kvpress's pipeline and kvroute's masked cells give the same tokens (``kvroute presses check``'s comparison)
+    and first-token logits."""
+    _assert_equals_kvpress(*setup, press)
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("arch", ["phi3", "qwen3"])
+def test_scorers_read_the_queries_as_kvpress_does(arch, monkeypatch):
+    """ExpectedAttention reads each layer's queries (kvpress's get_prerope_query_states): from Phi-3's fused
+    qkv_proj and after Qwen3's q norm, as kvpress does; observed_attention builds the attention map from them."""
+    monkeypatch.setattr("kvroute.engine.kept.ENABLED", False)
+    lm, prompt = _setup(arch, 64)
+    _assert_equals_kvpress(lm, prompt, "expected_attention")
+    eng = Engine(lm, DecodeSettings(max_new_tokens=1, keep_logits=True))
+    out = eng.run(prompt, [Cell("observed_attention", 0.5)]).outputs[0]
+    ref = kvpress_logits(lm, prompt.context_ids, prompt.question_ids, "observed_attention", 0.5)
+    torch.testing.assert_close(out.logits[0], ref[-1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch,head_dim", tiny_variants(studied=False),
+                         ids=[f"{a}-{d}" for a, d in tiny_variants(studied=False)])
+def test_an_architecture_kvroute_cannot_study_is_refused_at_load_in_one_line(arch, head_dim, tmp_path):
+    folder = save_tiny_model(tmp_path / arch, arch, **TINY_ARCHITECTURES[arch].sizes(head_dim))
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(folder))
+    msg = str(e.value)
+    assert msg.startswith(f"kvroute cannot study {arch} (") and "\n" not in msg
+    assert "sliding-window" in msg
+    with pytest.raises(ModelLoadError):
+        tiny_model(arch)
+
+
+@pytest.mark.parametrize("arch", ["phi3", "llama3"])
+def test_a_folder_of_each_architecture_loads_as_the_tiny_model(arch, tmp_path):
+    spec = TINY_ARCHITECTURES[arch]
+    folder = save_tiny_model(tmp_path / arch, arch, **spec.sizes(spec.head_dims[0]))
+    lm = load_model(str(folder))
+    tiny = tiny_model(arch, **spec.sizes(spec.head_dims[0]))
+    assert lm.info == tiny.info
+    ids = torch.tensor([[5, 6, 7, 8]])
+    torch.testing.assert_close(lm.model(ids).logits, tiny.model(ids).logits)
+
+
+def test_one_sliding_window_over_every_layer_is_the_context_window():
+    """Phi-3 mini and Mistral v0.1 slide one window over all layers: inside it that is full attention, and the
+    window is the model's context window (prompts past it are refused as too long); Qwen2's use_sliding_window,
+    windows beside full layers, is refused."""
+    from kvroute.models.loading import architecture_problem, model_info
+    from kvroute.models.tiny import _build
+
+    model = _build("mistral", 0, torch.float32, "sdpa", layers=2)
+    model.config.sliding_window = 64
+    assert model_info(model).context_window == 64 and architecture_problem(model) is None
+    qwen = _build("qwen2", 0, torch.float32, "sdpa", layers=3)
+    qwen.config.layer_types = ["full_attention", "sliding_attention", "sliding_attention"]
+    qwen.config.sliding_window = 32
+    assert "sliding-window layers (1, 2 of 3" in architecture_problem(qwen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,head_dim", [("llama3", 128), ("llama", 256), ("phi3", 128)],
+                         ids=["llama3-128", "llama-256", "phi3-128"])
+def test_the_kept_entries_kernel_equals_the_reference_at_the_registry_head_sizes(arch, head_dim, monkeypatch):
+    from kvroute.engine import kept
+
+    if not kept.kept_applies(torch.device("cpu"), torch.float32, head_dim) or kept.kernel() is None:
+        pytest.skip("the kept-entries kernel does not run here (no AVX-512, no compiler or not built)")
+    lm, prompt = _setup(arch, head_dim)
+    calls = []
+    real = kept.kept_context
+    monkeypatch.setattr("kvroute.engine.attention.kept_context", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    c, q = prompt.context_ids, prompt.question_ids
+    L, Hkv, T = lm.info.num_layers, lm.info.num_kv_heads, len(c)
+    keep = torch.rand(L, Hkv, T, generator=torch.Generator().manual_seed(1)) < 0.3
+    ours = decode_cells(lm.model, lm.tokenizer, prefill(lm.model, c), q[:-1], [KeepMask(keep, "hand", 0.7)],
+                        gold_ids=q[-1:], settings=DecodeSettings(max_new_tokens=1, keep_logits=True))[0]
+    ref = masked_reference_logits(lm, c, q, keep)
+    assert calls, "the kept-entries kernel did not run"
+    torch.testing.assert_close(ours.logits[1], ref[-1], atol=1e-4, rtol=0)
