@@ -344,3 +344,47 @@ def test_an_empty_store_exports_a_header_only_csv(tmp_path, capsys):
     text = (tmp_path / "r.csv").read_text()
     assert text.strip() and text.count("\n") == 1, text  # one header line, no rows
     assert len(pd.read_csv(tmp_path / "r.csv")) == 0
+
+
+# 7. sizes bounded where they enter; --dry-run sizes without generating ---------------------------------------
+@pytest.mark.parametrize(("args", "match"), [
+    (["--target-tokens", "100000000"], ("target_tokens", "1048576")),
+    (["--target-tokens", "1000000", "--n", "1000"], ("target_tokens", "at most")),
+])
+def test_generate_refuses_unbounded_sizes(args, match, tmp_path, capsys):
+    assert_fails_cleanly(["tasks", "generate", "base", "--out", tmp_path / "t.jsonl", *args], capsys, tmp_path, match)
+
+
+def test_sweep_refuses_unbounded_target_tokens(sweep_config, tmp_path, capsys):
+    assert_fails_cleanly(["sweep", sweep_config, "--out", tmp_path / "run", "--dry-run",
+                          "--set", "tasks.0.target_tokens=100000000"], capsys, tmp_path, "target_tokens")
+
+
+def test_sweep_dry_run_sizes_without_generating(sweep_config, tmp_path, capsys, monkeypatch):
+    import kvroute.models
+    import kvroute.sweep.tasks
+    import kvroute.tasks
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dry run generated tasks or loaded a tokenizer")
+
+    for mod in (kvroute.sweep.tasks, kvroute.tasks):
+        monkeypatch.setattr(mod, "generate_tasks", refuse)
+    monkeypatch.setattr(kvroute.models, "load_tokenizer", refuse)
+    code, out, err = cli(["sweep", sweep_config, "--out", tmp_path / "run", "--dry-run",
+                          "--set", "tasks.0.target_tokens=1000000", "--set", "tasks.0.n=100"], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "200 cells = 100 units" in text and ": 100" in text, text
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_sizes_as_the_plan_does(sweep_config, good_instance, tmp_path):
+    from kvroute.sweep import load_sweep_config
+    from kvroute.sweep.driver import plan_sweep, size_sweep
+
+    (tmp_path / "mine.jsonl").write_text(json.dumps({**good_instance, "id": "q1"}) + "\n")
+    for extra in ([], ["regimes=[\"agnostic\", \"aware\"]", "seeds=[0, 1]", "ratios=[0, 0.5, 0.9]"],
+                  [f"tasks=[{{file = \"{tmp_path / 'mine.jsonl'}\"}}, {{family = \"base\", n = 3}}]"]):
+        cfg = load_sweep_config(sweep_config, extra)
+        assert size_sweep(cfg) == plan_sweep(cfg).describe(), extra

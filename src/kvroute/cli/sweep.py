@@ -52,7 +52,7 @@ def sweep(
     """Run a sweep config's grid of cells into a crash-safe, resumable store, with a progress bar and a summary."""
     import json
 
-    from kvroute.sweep import load_sweep_config, plan_sweep, run_sweep
+    from kvroute.sweep import load_sweep_config, run_sweep
 
     overrides = list(set_ or [])
     for key, values in (("models", _csv(models)), ("presses", press), ("ratios", _csv(ratios, float, "--ratios")),
@@ -74,7 +74,9 @@ def sweep(
     for kind, path in run_inputs(out).items():  # the run writes its store and manifest: neither may be an input
         check_not_input(path, inputs, what=f"{kind} under --out")
     if dry_run:
-        d = plan_sweep(cfg).describe()
+        from kvroute.sweep.driver import size_sweep
+
+        d = size_sweep(cfg)  # sized, not generated: a dry run builds no task
         console.print(f"[green]valid[/green] {config}: {d['cells']} cells = {d['units']} units (prefills) × "
                       f"{d['cells_per_unit']} cells; models {', '.join(d['models'])}; instances per model "
                       f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}"

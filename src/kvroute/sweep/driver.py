@@ -81,6 +81,42 @@ def plan_sweep(config: SweepConfig) -> Plan:
     return Plan(config, units, sets, {k: len(v) for k, v in tasks.items()})
 
 
+def size_sweep(config: SweepConfig) -> dict[str, Any]:
+    """What :meth:`Plan.describe` says, sized without generating a task (``kvroute sweep --dry-run``).
+
+    A task file is read (its instances are checked); a generator spec counts ``n`` instances without
+    running, so a dry run of a grid with long padded contexts writes and builds nothing. Raises
+    :class:`ConfigError` on an empty grid, as :func:`plan_sweep` does.
+    """
+    from kvroute.errors import KvrouteError
+    from kvroute.sweep.grid import grid_cells
+    from kvroute.tasks import load_tasks
+
+    per_source: list[int] = []
+    for i, src in enumerate(config.tasks):
+        if src.file is not None:
+            try:
+                per_source.append(len(load_tasks(src.file)[: src.limit]))
+            except KvrouteError as e:
+                raise ConfigError(f"{config.source}: tasks[{i}].file: {e}") from None
+        else:
+            assert src.spec is not None  # a TaskSource holds a file or a spec
+            per_source.append(src.spec.n)
+    instances = {m.name: sum(per_source) for m in config.models}
+    per_unit = len(grid_cells(config))
+    units = sum(instances.values()) * len(config.seeds) * len(config.regimes)
+    if not units or not per_unit:
+        raise ConfigError(f"{config.source}: the grid is empty (models × tasks × presses/ratios × regimes × seeds "
+                          "gives no cells)")
+    c = config
+    return {"cells": units * per_unit, "units": units, "cells_per_unit": per_unit,
+            "models": [m.name for m in c.models], "instances": instances, "presses": list(c.presses),
+            "ratios": list(c.ratios), "restore": list(c.restore), "regimes": list(c.regimes),
+            "seeds": list(c.seeds),
+            "retrieval_heads": ({m.name: len(m.retrieval_heads or ()) for m in c.models}
+                                if c.retrieval_heads is not None else None)}
+
+
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix: d}
