@@ -230,3 +230,17 @@ def test_the_kept_entries_kernel_equals_the_reference_at_the_registry_head_sizes
     ref = masked_reference_logits(lm, c, q, keep)
     assert calls, "the kept-entries kernel did not run"
     torch.testing.assert_close(ours.logits[1], ref[-1], atol=1e-4, rtol=0)
+
+
+def test_soft_capped_logits_and_a_missing_query_projection_are_named_at_load():
+    from kvroute.models.loading import architecture_problem, check_architecture
+    from kvroute.models.tiny import _build
+
+    capped = _build("llama", 0, torch.float32, "sdpa", layers=1)
+    capped.config.attn_logit_softcapping = 50.0
+    assert "soft-capped (attn_logit_softcapping=50.0)" in architecture_problem(capped)
+    bare = _build("llama", 0, torch.float32, "sdpa", layers=1)
+    del bare.model.layers[0].self_attn.q_proj
+    with pytest.raises(ModelLoadError, match=r"^kvroute cannot study bare \(llama\) yet: its attention "
+                       r"\(LlamaAttention\) has neither a q_proj nor a fused qkv_proj"):
+        check_architecture(bare, "bare")
