@@ -202,6 +202,17 @@ def _is_owned(folder: Path, owned: frozenset[str]) -> bool:
     return True
 
 
+def _holds_cwd(folder: Path) -> bool:
+    """Whether ``folder`` is the working directory or holds it: such a folder cannot be swapped (renaming
+    ``.`` fails with EBUSY, and a swap would leave the process, and the user's shell, in a removed folder)."""
+    try:
+        here = Path.cwd().resolve()
+        target = folder.resolve()
+    except OSError:  # the working directory is gone: nothing to protect
+        return False
+    return target == here or target in here.parents
+
+
 def write_folder(path: str | os.PathLike[str], files: dict[str, bytes], *,
                  owned: frozenset[str] = frozenset()) -> Path:
     """Write ``files`` (relative path → bytes) as the folder ``path``, all at once or not at all.
@@ -210,14 +221,14 @@ def write_folder(path: str | os.PathLike[str], files: dict[str, bytes], *,
     rename (an exchange of the two on Linux, so ``path`` never goes missing). A failure or a kill leaves
     ``path`` as it was. ``owned`` lists what else a folder made by this writer may hold (``"dir/*"``
     patterns allowed): a ``path`` holding anything beyond ``files`` and ``owned`` (the user pointed it
-    at a folder with other files) is not swapped; each file is then replaced atomically in turn, the
-    last key of ``files`` last, and the other files are kept.
+    at a folder with other files) is not swapped, nor is the working directory or a folder holding it; each
+    file is then replaced atomically in turn, the last key of ``files`` last, and the other files are kept.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "is a file, not a folder", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir() and not _is_owned(path, frozenset(files) | owned):
+    if path.is_dir() and (_holds_cwd(path) or not _is_owned(path, frozenset(files) | owned)):
         for rel, data in files.items():
             (path / rel).parent.mkdir(parents=True, exist_ok=True)
             write_bytes(path / rel, data)

@@ -388,3 +388,63 @@ def test_dry_run_sizes_as_the_plan_does(sweep_config, good_instance, tmp_path):
                   [f"tasks=[{{file = \"{tmp_path / 'mine.jsonl'}\"}}, {{family = \"base\", n = 3}}]"]):
         cfg = load_sweep_config(sweep_config, extra)
         assert size_sweep(cfg) == plan_sweep(cfg).describe(), extra
+
+
+# 10. smaller: messages that point at what exists, a report written into the current folder --------------------
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_sweep_with_a_cuda_model_on_a_cpu_machine_names_the_config_key(tiny, tmp_path, capsys):
+    cfg = tmp_path / "cuda.toml"
+    cfg.write_text(f'presses = ["knorm"]\nratios = [0, 0.5]\n[[models]]\nname = "{tiny}"\ndevice = "cuda"\n'
+                   '[[tasks]]\nfamily = "base"\nn = 1\n')
+    line = assert_fails_cleanly(["sweep", cfg, "--out", tmp_path / "run"], capsys, tmp_path,
+                                ("models[0].device", "cuda", 'device = "cpu"'))
+    assert "--device" not in line
+
+
+def test_presses_check_help_keeps_its_brackets(capsys):
+    code, out, err = cli(["presses", "check", "--help"], capsys)
+    assert code == 0, err
+    assert "[key=value] and +selection" in " ".join(out.replace("│", " ").split())
+
+
+def test_no_help_text_loses_brackets_to_markup():
+    """Rich markup reads [word] as a tag and drops it; every bracket in a help text is escaped (\\[)."""
+    import re
+
+    import typer.main
+
+    from kvroute.cli import app
+
+    def walk(cmd, path=()):
+        yield path, cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from walk(sub, (*path, name))
+
+    bad = []
+    for path, cmd in walk(typer.main.get_command(app)):
+        for text in [cmd.help or "", *(getattr(p, "help", None) or "" for p in cmd.params)]:
+            if re.search(r"(?<!\\)\[[a-z_]+(=[^\]]*)?\]", text):
+                bad.append((" ".join(path), text))
+    assert not bad, bad
+
+
+def test_report_into_the_current_empty_folder(run_copy, tmp_path, capsys, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, out, err = cli(["report", run_copy, "--out", ".", "--n-boot", "10"], capsys)
+    assert code == 0, err
+    assert (here / "report.html").is_file() and (here / "summary.json").is_file()
+    assert Path.cwd() == here and here.is_dir()  # still standing in the same folder
+    code, out, err = cli(["report", run_copy, "--out", ".", "--n-boot", "10"], capsys)  # again, over its own report
+    assert code == 0, err
+
+
+def test_write_folder_never_swaps_the_working_directory(tmp_path, monkeypatch):
+    from kvroute.files import write_folder
+
+    monkeypatch.chdir(tmp_path)
+    inode = tmp_path.stat().st_ino
+    write_folder(".", {"a.txt": b"1"})
+    write_folder(tmp_path, {"a.txt": b"2"})
+    assert (tmp_path / "a.txt").read_bytes() == b"2" and tmp_path.stat().st_ino == inode

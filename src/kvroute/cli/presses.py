@@ -151,7 +151,7 @@ BUILT_IN_EQUAL = "equal, token for token (tests/reference)"
 @presses_app.command("check")
 def presses_check(
     spec: Annotated[str, typer.Argument(help="Press: a built-in, module:Class or a plugin name, "
-                                             "with [key=value] and +selection.")],
+                                             "with \\[key=value] and +selection.")],
     model: Annotated[str | None, typer.Option("--model", "-m",
                                               help="Zoo name or local folder "
                                                    "(default: a tiny random Llama built here, offline).")] = None,

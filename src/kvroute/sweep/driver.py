@@ -202,6 +202,10 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
         from kvroute.sweep.ray_backend import _import_ray
 
         _import_ray()  # fail now, not after the plan, when ray is missing
+    if backend == "local":  # a device this machine lacks fails now, naming the config's key, before any write
+        from kvroute.sweep.local import check_devices
+
+        check_devices(config)
     plan = plan_sweep(config)
     run_dir = Path(run_dir)
     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvroute.engine import Engine
-from kvroute.errors import InsufficientMemoryError, KvrouteError, SweepError
+from kvroute.errors import ConfigError, InsufficientMemoryError, KvrouteError, SweepError
 from kvroute.records import KEY_FIELDS
 from kvroute.runner import check_memory, run_instance
 from kvroute.settings import RunSettings
@@ -25,6 +25,25 @@ from kvroute.sweep.grid import WorkUnit
 log = logging.getLogger(__name__)
 
 Sink = Callable[[list[dict[str, Any]]], None]
+
+
+def check_devices(config: SweepConfig) -> None:
+    """Refuse, before the store is opened, a model whose config ``device`` this machine lacks.
+
+    The message names the config's key: ``sweep`` has no ``--device`` option (the models' devices are
+    the config's), so the loader's own hint would point at an option that does not exist here.
+    """
+    from kvroute.models.loading import resolve_device
+
+    for i, m in enumerate(config.models):
+        if m.device is None:
+            continue
+        try:
+            resolve_device(m.device)
+        except ConfigError as e:
+            reason = str(e).split("; use --device")[0]
+            raise ConfigError(f"{config.source}: models[{i}].device ({m.name}): {reason}; set device = \"cpu\" in "
+                              "that model's table, or leave device out to choose automatically") from None
 
 
 def load_engine(model: ModelSpec, settings: RunSettings) -> Engine:
