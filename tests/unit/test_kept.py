@@ -214,26 +214,32 @@ def test_few_rows_steps_of_a_whole_block_at_every_head_size(kernel, D):
 
 
 @pytest.mark.parametrize("ninja", [False, True])
-def test_a_kernel_that_cannot_be_built_leaves_pytorchs_kernels_and_one_log_line(ninja, monkeypatch, caplog):
+def test_a_kernel_that_cannot_be_built_leaves_pytorchs_kernels_and_one_log_line(ninja, monkeypatch, caplog, tmp_path):
     """Without ninja (the ``kernel`` extra) no build is tried: the masked attention takes PyTorch's kernels and one
     log line names the extra that adds it. With ninja, a failed build falls back the same way, without that hint."""
     import torch.utils.cpp_extension as cpp
 
-    def load(**kw):
-        assert ninja, "a build was tried without ninja"
-        raise RuntimeError("Error building extension\ng++: fatal error: no input files")
+    from kvroute.engine import kept_build
 
+    builds = []
+
+    def command(spec, attempt):
+        builds.append(spec.name)
+        return [sys.executable, "-c", "import sys; print('g++: fatal error: no input files'); sys.exit(1)"]
+
+    monkeypatch.setenv("KVROUTE_HOME", str(tmp_path))  # no build of the kernel there yet
     monkeypatch.setattr(kept, "ENABLED", True)
     monkeypatch.setattr(kept, "_avx512", lambda: True)  # the kernel would apply here but for the build
     if not ninja:
         monkeypatch.setitem(sys.modules, "ninja", None)  # `import ninja` fails: the wheel is not installed
     monkeypatch.setattr(cpp, "is_ninja_available", lambda: ninja)
-    monkeypatch.setattr(cpp, "load", load)
+    monkeypatch.setattr(kept_build, "_builder_command", command)
     monkeypatch.setattr(kept, "kernel", kept.kernel.__wrapped__)  # built anew, not the cached module
     path = os.environ.get("PATH")
     with caplog.at_level(logging.INFO, logger=kept.log.name):
         assert not kept.kept_available(torch.zeros(2, 3, 1, 64), rows=3)
     assert os.environ.get("PATH") == path
+    assert len(builds) == ninja, "a build was tried without ninja"
     (line,) = [r.getMessage() for r in caplog.records if r.name == kept.log.name]
     assert "\n" not in line and "PyTorch's kernels run" in line
     assert ("pip install 'kvroute[kernel]'" in line) == (not ninja)

@@ -15,10 +15,11 @@ gathered and chunked forms where it applies (:data:`KEPT_MAX_ROWS`).
 
 The kernel is C++ with AVX-512 intrinsics, float32 only, built once per machine at first use through
 ``torch.utils.cpp_extension`` (a C++ compiler and ninja: the ``kernel`` extra, ``pip install 'kvroute[kernel]'``,
-which ``make`` installs) into PyTorch's extension cache. Where it cannot be built or run (no AVX-512, no compiler, no
-ninja, another dtype or device, a head size it was not instantiated for) the masked attention uses PyTorch's kernels
-as before, with the same results to float32 rounding
-(tests/unit/test_kept.py); ``KVROUTE_KEPT_KERNEL=0`` turns it off. ``benchmarks/attention_kernels.py`` times it
+which ``make`` installs) into ``$KVROUTE_HOME/kernels``, in a child process under kvroute's lock with a timeout,
+and loaded only when its recorded checksum matches (:mod:`kvroute.engine.kept_build`). Where it cannot be built
+or run (no AVX-512, no compiler, no ninja, a build that did not finish in time, another dtype or device, a head size
+it was not instantiated for) the masked attention uses PyTorch's kernels as before, with the same results to float32
+rounding (tests/unit/test_kept.py); ``KVROUTE_KEPT_KERNEL=0`` turns it off. ``benchmarks/attention_kernels.py`` times it
 beside the other forms.
 """
 
@@ -29,12 +30,15 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kvroute.cpuinfo import cpu_field
+from kvroute.engine.kept_build import KernelSpec, KernelUnavailable, build_timeout, kernels_folder, obtain
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,9 @@ HEAD_DIMS = (64, 80, 96, 128, 256)
 KEPT_MAX_ROWS = 512
 #: ``KVROUTE_KEPT_KERNEL=0`` turns the kernel off (PyTorch's kernels then run everywhere)
 ENABLED = os.environ.get("KVROUTE_KEPT_KERNEL", "1") != "0"
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+BUILDING = "kvroute: building the kept-entries attention kernel (once per machine, about 30 s)"
 
 
 def _cpu_flags() -> str:
@@ -63,17 +70,33 @@ def _avx512() -> bool:
 
 
 def _build_name(flags: str) -> str:
-    """The extension's name: the source, the CPU's flags and PyTorch's version hashed in, so that a build for another
-    CPU or PyTorch (a shared home directory) is never loaded."""
-    seen = (flags, torch.__version__, platform.machine())
+    """The extension's name: the source, the CPU's flags, the compiler flags and the versions of PyTorch and Python
+    hashed in, so that a build for another CPU, PyTorch or Python (a shared home directory) is never loaded."""
+    seen = (flags, torch.__version__, platform.machine(), sys.implementation.cache_tag, *CFLAGS, *LDFLAGS)
     digest = hashlib.sha1(SOURCE.read_bytes() + "|".join(seen).encode())
     return f"kvroute_kept_{digest.hexdigest()[:12]}"
+
+
+def _can_build(have_ninja: bool) -> None:
+    """Raises :class:`KernelUnavailable` where no build can run here (before the "building" line)."""
+    if not have_ninja:
+        raise KernelUnavailable("ninja, the build tool, is not installed")
+    compiler = os.environ.get("CXX") or "c++"  # the compiler PyTorch's build calls
+    if shutil.which(compiler) is None:
+        raise KernelUnavailable(f"no C++ compiler ({compiler}) was found")
+
+
+def _announce() -> None:
+    from kvroute.console import err_console
+
+    err_console.print(BUILDING, soft_wrap=True, markup=False, highlight=False)
 
 
 @functools.cache
 def kernel() -> Any | None:
     """The compiled kernel module (built at the first call on a machine, about half a minute), or None where it is off
-    or cannot be built here (the reason is logged once)."""
+    or cannot be built or loaded here (the reason is logged once, in one line). The build and the checks before each
+    load: :mod:`kvroute.engine.kept_build`."""
     if not ENABLED:
         return None
     flags = _cpu_flags()
@@ -81,7 +104,7 @@ def kernel() -> Any | None:
         log.info("kept-entries attention kernel: this CPU has no AVX-512; PyTorch's kernels run")
         return None
     try:
-        from torch.utils.cpp_extension import is_ninja_available, load
+        from torch.utils.cpp_extension import is_ninja_available
     except ImportError as e:  # pragma: no cover - part of every PyTorch
         log.warning("kept-entries attention kernel unavailable (%s); PyTorch's kernels run", e)
         return None
@@ -89,25 +112,19 @@ def kernel() -> Any | None:
     try:
         import ninja  # the build tool, from the ``ninja`` wheel (the ``kernel`` extra): its binary need not be on PATH
 
-        os.environ["PATH"] = str(ninja.BIN_DIR) + os.pathsep + path
+        os.environ["PATH"] = str(ninja.BIN_DIR) + os.pathsep + path  # the build process inherits it
     except ImportError:
         pass
     have_ninja = is_ninja_available()  # the wheel's or a system one on PATH
+    spec = KernelSpec(_build_name(flags), (str(SOURCE),), CFLAGS, LDFLAGS)
     try:
-        from kvroute.console import err_console
-
-        if not have_ninja:  # before the "building" line: this build would fail, and PyTorch's kernels run
-            raise RuntimeError("ninja, the build tool, is not installed")
-        name = _build_name(flags)
-        directory = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "") or Path.home() / ".cache" / "torch_extensions")
-        if not any(directory.glob(f"*/{name}/{name}*.so")):
-            err_console.print("kvroute: building the kept-entries attention kernel (once per machine, about 30 s)")
-        return load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"], verbose=False)
+        return obtain(spec, kernels_folder(), timeout=build_timeout(), can_build=lambda: _can_build(have_ninja),
+                      announce=_announce)
     except Exception as e:  # noqa: BLE001 - any build or load failure: the PyTorch kernels still give the results
-        log.warning("kept-entries attention kernel could not be built (%s: %s); PyTorch's kernels run%s",
-                    type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "",
-                    "" if have_ninja else "; pip install 'kvroute[kernel]' adds ninja to build it")
+        why = str(e) if isinstance(e, KernelUnavailable) else f"{type(e).__name__}: {e}"
+        hint = "" if have_ninja else "; pip install 'kvroute[kernel]' adds ninja to build it"
+        log.warning("kept-entries attention kernel unavailable (%s); PyTorch's kernels run%s", " ".join(why.split()),
+                    hint)
         return None
     finally:
         os.environ["PATH"] = path
