@@ -79,6 +79,20 @@ class DoubleKeys(Scorer):
         return knorm(x.keys)
 
 
+@dataclass
+class EditsAfterPrefill(Scorer):
+    """Scores every layer after the prefill (as KVzip does), zeroing the first layer's values on the way."""
+    name: ClassVar[str] = "edits_after_prefill"
+    scores_after_prefill: ClassVar[bool] = True
+
+    def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score_model(self, x, ratio):
+        x.values[0].zero_()
+        return torch.cat([knorm(k) for k in x.keys])  # [L, Hkv, T]
+
+
 CALLS = [0]
 
 
@@ -271,6 +285,21 @@ def test_presses_that_edit_the_cache_change_no_other_result(tiny, tasks, tmp_pat
         elif r["press"] in plugins:  # ratio 0 keeps everything: the press's code never runs
             assert r["status"] == "ok"
     assert "cells errored" in stdout
+
+
+def test_a_press_scoring_after_the_prefill_edits_a_copy(monkeypatch):
+    """score_model() gets copies of every layer's keys and values: knorm's record is the one of a run without it."""
+    lm = tiny_model("llama", seed=0)
+    settings = RunSettings(max_new_tokens=3)
+    engine = Engine(lm, settings.decode_settings())
+    inst = generate_tasks(TaskSpec("base", n=1, seed=0))[0]
+    alone = run_instance(engine, inst, [Cell("knorm", 0.5)], settings=settings)
+    both = run_instance(engine, inst, [Cell(f"{MODULE}:EditsAfterPrefill", 0.5), Cell("knorm", 0.5)],
+                        settings=settings)
+    assert comparable(both[1]) == comparable(alone[0])
+    assert both[0]["status"] == "error"
+    assert both[0]["error"].startswith(f"PressPluginError: press '{MODULE}:EditsAfterPrefill' changed its values in "
+                                       "place in score_model()")
 
 
 # -- 3. a press that raises, exits or returns no scores ---------------------------------------------------

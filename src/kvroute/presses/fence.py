@@ -69,7 +69,7 @@ def guard(origin: str, call: str) -> Iterator[None]:
 
 
 def _raised(origin: str, call: str, e: BaseException) -> str:
-    """``{origin} raised ZeroDivisionError in score(): division by zero`` (``SystemExit(3)``: "with code 3")."""
+    """``{origin} raised ZeroDivisionError in score(): division by zero``, on one line (a SystemExit says its code)."""
     if isinstance(e, SystemExit):
         return f"{origin} raised SystemExit in {call} (exit code {e.code!r}); a press must return, not exit"
     what = str(e).strip()
@@ -119,19 +119,18 @@ class FencedScorer(Scorer):
 
     def outside_score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
         """The class's own ``score`` on copies of ``x``'s tensors (the adapter copies at the press's call instead)."""
-        own = own_inputs(x)
+        own, copies = own_inputs(x)
         out = super().score(own, ratio)  # type: ignore[safe-super]  # the fenced class's own score
-        unchanged(x, own, self.origin, "score()")
+        unchanged(copies, self.origin, "score()")
         return out
 
     def score_model(self, x: ModelScoreInputs, ratio: float) -> torch.Tensor:
-        own = replace(x, keys=[k.clone() for k in x.keys], values=[v.clone() for v in x.values],
-                      context_ids=x.context_ids.clone())
+        keys, values = [k.clone() for k in x.keys], [v.clone() for v in x.values]
         with guard(self.origin, "score_model()"):
-            out = super().score_model(own, ratio)
-        for what, mine, theirs in (("keys", x.keys, own.keys), ("values", x.values, own.values)):
-            if any(not _same(a, b) for a, b in zip(mine, theirs, strict=True)):
-                raise PressPluginError(_changed(self.origin, "score_model()", what))
+            out = super().score_model(replace(x, keys=list(keys), values=list(values),
+                                              context_ids=x.context_ids.clone()), ratio)
+        unchanged([("keys", a, b) for a, b in zip(x.keys, keys, strict=True)]
+                  + [("values", a, b) for a, b in zip(x.values, values, strict=True)], self.origin, "score_model()")
         L, (_, Hkv, T, _) = len(x.keys), x.keys[0].shape
         return checked_scores(out, self.origin, "score_model()", torch.Size((L, Hkv, T)), x.keys[0].device)
 
@@ -144,9 +143,9 @@ class FencedKvpressScorer(FencedScorer, KvpressScorer):
         return KvpressScorer.score(self, x, ratio)
 
     def press_score(self, x: ScoreInputs) -> torch.Tensor:
-        own = own_inputs(x)
+        own, copies = own_inputs(x)
         out = super().press_score(own)
-        unchanged(x, own, self.origin, "score()")
+        unchanged(copies, self.origin, "score()")
         return out
 
 
@@ -157,46 +156,41 @@ def fenced(cls: type[Scorer], origin: str) -> type[Scorer]:
                                              "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
 
 
-def own_inputs(x: ScoreInputs) -> ScoreInputs:
-    """``x`` with copies of its tensors (and of the tensors in its kwargs); a tensor given twice is copied once."""
+def own_inputs(x: ScoreInputs) -> tuple[ScoreInputs, list[tuple[str, torch.Tensor, torch.Tensor]]]:
+    """``x`` with copies of its tensors (and of the tensors in its kwargs, at the top level or in a tuple such as
+    the position embeddings), and each copy as ``(what, original, copy)`` for :func:`unchanged`; a tensor given
+    twice (the hidden states, also in the kwargs) is copied once."""
     memo: dict[int, torch.Tensor] = {}
+    copies: list[tuple[str, torch.Tensor, torch.Tensor]] = []
 
-    def own(v: Any) -> Any:
+    def own(v: Any, what: str) -> Any:
         if isinstance(v, torch.Tensor):
             if id(v) not in memo:
                 memo[id(v)] = v.clone()
+                copies.append((what, v, memo[id(v)]))
             return memo[id(v)]
         if isinstance(v, tuple):
-            return tuple(own(t) for t in v)
+            return tuple(own(t, what) for t in v)
         return v
 
-    return replace(x, hidden_states=own(x.hidden_states), keys=own(x.keys), values=own(x.values),
-                   attentions=own(x.attentions), evidence=own(x.evidence),
-                   kwargs={k: own(v) for k, v in x.kwargs.items()})
+    mine = replace(x, hidden_states=own(x.hidden_states, "hidden states"), keys=own(x.keys, "keys"),
+                   values=own(x.values, "values"), attentions=own(x.attentions, "attention map"),
+                   evidence=own(x.evidence, "evidence positions"),
+                   kwargs={k: own(v, f"kwargs[{k!r}]") for k, v in x.kwargs.items()})
+    return mine, copies
 
 
-def unchanged(x: ScoreInputs, own: ScoreInputs, origin: str, call: str) -> None:
-    """Raise :class:`PressPluginError` when the press changed a copy :func:`own_inputs` gave it."""
-    pairs = [("keys", x.keys, own.keys), ("values", x.values, own.values),
-             ("hidden states", x.hidden_states, own.hidden_states), ("attention map", x.attentions, own.attentions)]
-    pairs += [(f"kwargs[{k!r}]", v, own.kwargs.get(k)) for k, v in x.kwargs.items()]
-    for what, mine, theirs in pairs:
-        for a, b in zip(_tensors(mine), _tensors(theirs), strict=False):
-            if not _same(a, b):
-                raise PressPluginError(_changed(origin, call, what))
+def unchanged(copies: list[tuple[str, torch.Tensor, torch.Tensor]], origin: str, call: str) -> None:
+    """Raise :class:`PressPluginError` when the press changed a copy :func:`own_inputs` gave it (a copy it
+    replaced by another tensor of its own is no change to anything shared)."""
+    for what, original, copy in copies:
+        if not _same(original, copy):
+            raise PressPluginError(_changed(origin, call, what))
 
 
 def _changed(origin: str, call: str, what: str) -> str:
     return (f"{origin} changed its {what} in place in {call}; a press must not edit the cache it scores "
             "(kvroute gave it a copy, so the other presses are unaffected)")
-
-
-def _tensors(v: Any) -> list[torch.Tensor]:
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, tuple):
-        return [t for t in v if isinstance(t, torch.Tensor)]
-    return []
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
