@@ -28,7 +28,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -319,7 +319,7 @@ def _same_path(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def check_not_input(out: str | os.PathLike[str], inputs: dict[str, str | os.PathLike[str] | None],
+def check_not_input(out: str | os.PathLike[str], inputs: Mapping[str, str | os.PathLike[str] | None],
                     option: str = "--out", *, what: str | None = None) -> Path:
     """Refuse, before any work, an output file that is one of the command's inputs.
 

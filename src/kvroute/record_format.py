@@ -135,10 +135,10 @@ def _value_problem(name: str, v: Any) -> str | None:
     if name == "ratio":
         if _missing(v):
             return "is missing (every cell has a compression ratio)"
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not 0 <= v < 1:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not 0 <= float(v) < 1:
             return f"is {v!r}; a compression ratio is a number in [0, 1)"
     elif name in _NAME_FIELDS:
-        if _missing(v) or not isinstance(v, str) or not v.strip():
+        if _missing(v) or not isinstance(v, str) or not v:  # (" " is a name a task file may give)
             return f"is {v!r}; it names the cell, so it must be a non-empty text"
     elif name == "status":
         if not _missing(v) and v not in _STATUSES:
