@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -178,7 +179,7 @@ def test_a_lock_left_by_a_dead_process_is_no_obstacle(home, fake_build):
     folder = home / "kernels"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     folder.mkdir(parents=True, mode=0o700)
-    (folder / f"{NAME}.lock").write_text(json.dumps({"pid": int(dead.stdout), "host": os.uname().nodename,
+    (folder / f"{NAME}.lock").write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname(),
                                                      "started": "2026-01-01T00:00:00+00:00"}))
     announced: list = []
     start = time.monotonic()
@@ -295,7 +296,9 @@ def test_the_planted_library_would_run_its_constructor(stand_ins, tmp_path, monk
 def test_a_folder_of_another_user_is_refused(home, fake_build, stand_ins):
     folder = home / "kernels"
     _plant(folder, stand_ins["build"], f"{kept_build._digest(stand_ins['build'])}  {NAME}.so\n")
-    os.chown(folder, 65534, 65534) if os.geteuid() == 0 else pytest.skip("chown needs root")
+    if os.geteuid() != 0:
+        pytest.skip("giving the folder to another user needs root")
+    os.chown(folder, 65534, 65534)
     with pytest.raises(KernelUnavailable, match="belongs to another user"):
         _obtain(folder)
     assert fake_build["calls"] == 0
@@ -399,15 +402,21 @@ def _has_ninja() -> bool:
 
 
 # kills ----------------------------------------------------------------------------------------------------------
-def _wait_for(proc: subprocess.Popen, line: str, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = proc.stdout.readline()
-        if not got and proc.poll() is not None:
-            raise AssertionError(f"ended before {line!r}: {proc.stderr.read()}")
-        if got.strip() == line:
-            return
-    raise AssertionError(f"no {line!r} within {timeout} s")
+def _wait_for(proc: subprocess.Popen, line: str, timeout: int = 60) -> None:
+    """Read ``proc``'s output up to ``line``; an AssertionError after ``timeout`` seconds (a read that blocks too)."""
+    def expire(*_: object) -> None:
+        raise AssertionError(f"no {line!r} within {timeout} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(timeout)
+    try:
+        for got in proc.stdout:
+            if got.strip() == line:
+                return
+        raise AssertionError(f"ended before {line!r}: {proc.stderr.read()}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _pid_from(path: Path, timeout: float = 30) -> int:
