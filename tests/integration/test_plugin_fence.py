@@ -445,8 +445,8 @@ def test_a_built_in_scorer_giving_nan_is_a_cell_error(monkeypatch):
     recs = run_instance(Engine(lm, settings.decode_settings()), inst,
                         [Cell("knorm", 0.5), Cell("snapkv", 0.5), Cell("snapkv", 0.0)], settings=settings)
     assert [r["status"] for r in recs] == ["ok", "error", "ok"]
-    assert recs[1]["error"].startswith("EngineError: scorer 'snapkv' gave non-finite scores in layer 0 (2 NaN and "
-                                       "2 infinite of ")
+    assert recs[1]["error"] == ("EngineError: scorer 'snapkv' gave non-finite scores in layers 0, 1, 2 (6 NaN and 6 "
+                                f"infinite of {3 * 2 * recs[1]['context_tokens']}); a keep mask needs finite scores")
 
 
 def test_check_does_not_agree_with_a_nan_press(capsys):

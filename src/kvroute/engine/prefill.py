@@ -108,13 +108,20 @@ def prefill_attention(module: Any, hidden_states: torch.Tensor, keys: torch.Tens
 
 def _score_layer(req: ScoreRequest, x: ScoreInputs) -> torch.Tensor:
     """``[1, Hkv, T]`` scores for one layer, as the request's selection runs its scorer (whole context, chunked,
-    ...); a NaN or infinite score is the request's error (EngineError), never a keep mask's input."""
+    ...)."""
     ratio = req.ratio if req.ratio is not None else 0.0
     if req.selection is None:
-        out = req.scorer.score(x, ratio)
-    else:
-        out = req.selection.score_layer(req.scorer, x, ratio)
-    return finite_scores(out, f"scorer {req.key.scorer!r}", f"layer {x.layer_idx}")
+        return req.scorer.score(x, ratio)
+    return req.selection.score_layer(req.scorer, x, ratio)
+
+
+def _complete(req: ScoreRequest, scores: dict[ScoreKey, torch.Tensor], x: ModelScoreInputs) -> None:
+    """After the forward: the request's ``[L, Hkv, T]`` scores in ``scores`` (a scorer with ``scores_after_prefill``
+    scores now), checked finite, so no NaN or infinity reaches a keep mask (once per request rather than per layer:
+    the check is a device sync)."""
+    if req.scorer.scores_after_prefill:
+        scores[req.key] = req.scorer.score_model(x, req.ratio if req.ratio is not None else 0.0)  # [L, Hkv, T]
+    finite_scores(scores[req.key], f"scorer {req.key.scorer!r}")
 
 
 def _filled_layers(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -209,16 +216,15 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
               if errors is None or k not in errors}  # [L, Hkv, T] each
     t = time.perf_counter()
     for r in requests:
-        if not r.scorer.scores_after_prefill:
+        if errors is not None and r.key in errors:
             continue
         try:
-            scores[r.key] = finite_scores(r.scorer.score_model(ModelScoreInputs(model, ids, keys, values, seed),
-                                                               r.ratio if r.ratio is not None else 0.0),
-                                          f"scorer {r.key.scorer!r}", "score_model()")  # [L, Hkv, T]
+            _complete(r, scores, ModelScoreInputs(model, ids, keys, values, seed))
         except CELL_ERRORS as e:
             if errors is None:
                 raise
             errors[r.key] = error_reason(e)
+            scores.pop(r.key, None)
     if len(layered) < len(requests):
         scoring[0] += time.perf_counter() - t
     return PrefillResult(ids[0], keys, values, scores, time.perf_counter() - t0, scoring[0])

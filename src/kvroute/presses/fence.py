@@ -23,13 +23,15 @@ not write; its scorer class is :func:`fenced` before anything uses it:
   ("changed its values in place"), because kvpress would have compressed the changed cache, so the
   press's results could not be kvpress's. Not copied (too large, or not tensors): the attention
   module with its weights, the model given to ``setup``/``score_model``, and the cache object in
-  ``kwargs["past_key_values"]``; a press writing through those is not caught.
+  ``kwargs["past_key_values"]``; a press writing through those is not caught. The attention map
+  (``needs_attentions``) is copied too, so such a press holds two ``[1, H, T, T]`` maps at once.
 * **Its output is checked** before use: a floating-point tensor on the keys' device, of shape
   ``[B, Hkv, T]`` (``score``) or ``[L, Hkv, T]`` (``score_model``), every value finite.
 
 :func:`finite_scores` is the last check for every scorer, built-in or not (the prefill applies it to
-each layer's scores): a NaN or infinite score fails its cell with one line, so no NaN ever reaches a
-keep mask (``topk`` ranks NaN first: an all-NaN press would otherwise look like a perfect one).
+each request's scores of all layers, once the forward is done): a NaN or infinite score fails its
+cell with one line, so no NaN ever reaches a keep mask (``topk`` ranks NaN first: an all-NaN press
+would otherwise look like a perfect one).
 """
 
 from __future__ import annotations
@@ -223,12 +225,14 @@ def checked_scores(out: Any, origin: str, call: str, shape: torch.Size, device: 
     return out
 
 
-def finite_scores(scores: torch.Tensor, who: str, where: str) -> torch.Tensor:
-    """``scores`` when every value is finite; else an :class:`~kvroute.errors.EngineError` (a per-cell error)
-    counting the NaN and infinite ones. ``who``/``where`` name the scorer and the layer, e.g. ``scorer 'knorm'``,
-    ``layer 3``."""
+def finite_scores(scores: torch.Tensor, who: str) -> torch.Tensor:
+    """``scores`` ``[L, Hkv, T]`` when every value is finite; else an :class:`~kvroute.errors.EngineError` (a
+    per-cell error) naming the layers and counting the NaN and infinite scores. ``who`` names the scorer, e.g.
+    ``scorer 'knorm'``."""
     if (why := nonfinite(scores)) is not None:
-        raise EngineError(f"{who} gave non-finite scores in {where} ({why}); a keep mask needs finite scores")
+        bad = (~torch.isfinite(scores)).flatten(1).any(dim=1).nonzero().flatten().tolist()  # layers
+        layers = f"layer{'s' if len(bad) > 1 else ''} {', '.join(str(i) for i in bad)}"
+        raise EngineError(f"{who} gave non-finite scores in {layers} ({why}); a keep mask needs finite scores")
     return scores
 
 
