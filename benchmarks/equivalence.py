@@ -19,6 +19,12 @@ kvroute's own). Random scorers are seeded per (seed, layer) on both sides.
 
     python benchmarks/equivalence.py [--model smollm2-135m] [--n 10] [--max-new-tokens 8] [--tokens 220]
     python benchmarks/equivalence.py --model tiny-llama --device cuda --dtype bfloat16 --out results/x.md
+    python benchmarks/equivalence.py --models tiny-llama3 tiny-phi3-128 tiny-gemma3 --n 4
+
+``tiny-ARCH`` (``tiny-ARCH-HEADSIZE``) is a tiny random model of the registry
+(kvroute.models.tiny.TINY_ARCHITECTURES) at its first (that) head size, written as a local folder and loaded as any
+folder is: an architecture kvroute cannot study is refused at load, and its report says so in one line.
+``--models`` runs each in turn, each to its own report (results/equivalence_MODEL.md).
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ from common import cpu_name
 from kvroute.engine import Cell, DecodeSettings, Engine
 from kvroute.engine.check import Agreement, compare_prompt
 from kvroute.engine.reference import kvpress_pipeline
+from kvroute.errors import ModelLoadError
 from kvroute.models import load_model
-from kvroute.models.tiny import save_tiny_model
+from kvroute.models.tiny import TINY_ARCHITECTURES, save_tiny_model
 from kvroute.presses import SCORERS, SELECTIONS, build_press
 from kvroute.presses.scorers import KvpressScorer
 from kvroute.presses.scorers.local_weights import with_random_weights
@@ -62,7 +69,9 @@ SELECTION_CASES = {
 OWN_SELECTIONS = {"routes", "shared"}  # kvroute's own: kvpress has no counterpart
 RATIOS = [0.25, 0.5, 0.75, 0.9]
 SEED = 0
-TINY = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}  # --model names for tiny random models (no download)
+# --model names for tiny random models (no download): tiny-ARCH, tiny-ARCH-HEADSIZE for the registry's head sizes
+TINY = {f"tiny-{a.name}" + (f"-{d}" if i else ""): (a.name, d) for a in TINY_ARCHITECTURES.values()
+        for i, d in enumerate((None, *a.head_dims))}
 FAMILIES = ["base", "multi_entity", "hops", "knowledge", "coreference", "multi_presence"]
 
 
@@ -92,10 +101,24 @@ def instances(tokenizer, n: int, tokens: int) -> list:
     return out[:n]
 
 
+def tiny_folder(name: str, weights: Path) -> str:
+    """The local folder of tiny model ``name`` (a TINY key). tiny-llama and tiny-qwen2: hidden 256 and 4 heads
+    (head size 64, where kvpress's fake keys exist), as before the registry; the others: the registry's shape."""
+    arch, head_dim = TINY[name]
+    spec = TINY_ARCHITECTURES[arch]
+    if head_dim is None and arch in ("llama", "qwen2"):
+        sizes = {"hidden": 256}
+    else:
+        sizes = spec.sizes(head_dim or spec.head_dim or spec.head_dims[0])
+    return str(save_tiny_model(weights / name, arch, **sizes))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m", help="a zoo name, a local folder, or tiny-llama / tiny-qwen2 "
-                    "(random weights, 3 layers, hidden 256: a fast check of the code paths, e.g. on another device)")
+    ap.add_argument("--model", default="smollm2-135m", help="a zoo name, a local folder, or tiny-ARCH[-HEADSIZE] "
+                    f"({', '.join(k for k, (_, d) in TINY.items() if d is None)}; random weights, 3 layers: a fast "
+                    "check of the code paths, e.g. on another device)")
+    ap.add_argument("--models", nargs="+", default=None, help="several models (as --model), each to its own report")
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=220, help="target context length of the generated instances")
@@ -103,14 +126,32 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (both sides run there)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
+    if args.models and args.out:
+        raise SystemExit("--out names one report; with --models each model writes results/equivalence_MODEL.md")
+    codes = []
+    for model in args.models or [args.model]:
+        args.model = model
+        codes.append(run(args))
+    return max(codes)
+
+
+def run(args: argparse.Namespace) -> int:
+    """One model's comparison and report (``args.model``); 0 where every cell agrees."""
     out = Path(args.out) if args.out else Path(__file__).parent / "results" / (
         "equivalence.md" if args.model == "smollm2-135m" else f"equivalence_{args.model}.md")
     torch.manual_seed(0)
     weights = Path(tempfile.mkdtemp(prefix="kvroute-equivalence-"))
     source = args.model
-    if args.model in TINY:  # a tiny random model (head_dim 64, as kvpress's fake keys need), written as a local folder
-        source = str(save_tiny_model(weights / args.model, TINY[args.model], hidden=256))
-    lm = load_model(source, dtype=args.dtype, device=args.device)
+    if args.model in TINY:  # a tiny random model, written as a local folder
+        source = tiny_folder(args.model, weights)
+    try:
+        lm = load_model(source, dtype=args.dtype, device=args.device)
+    except ModelLoadError as e:  # an architecture kvroute cannot study: its report is that one line
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"# Equivalence with the kvpress pipeline\n\nCommand: `python benchmarks/equivalence.py --model "
+                       f"{args.model}`\n\nModel: {args.model}. Not run: {e}\nagreement: not studied\n")
+        print(f"{args.model}: {e}\nagreement: not studied", flush=True)
+        return 0
     label = {with_random_weights(p, lm.model, weights): p for p in presses()}  # the spec run -> the spec shown
     all_presses = list(label)
     tasks = instances(lm.tokenizer, args.n, args.tokens)
