@@ -32,7 +32,7 @@ from tests.integration.test_press_plugins import PRESS, _fresh_discovery, declar
 MODULE = "fence_presses"
 PRESSES = '''
 """Presses that misbehave, for the fence tests."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -153,6 +153,15 @@ class BadSetup(Scorer):
 
     def setup(self, model):
         raise RuntimeError("no weights for this model")
+
+    def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
+        return knorm(x.keys)
+
+
+@dataclass
+class BadDefault(Scorer):
+    name: ClassVar[str] = "bad_default"
+    window: int = field(default_factory=lambda: 1 // 0)
 
     def score(self, x: ScoreInputs, ratio: float) -> torch.Tensor:
         return knorm(x.keys)
@@ -383,13 +392,17 @@ def test_out_of_memory_and_ctrl_c_still_stop_the_run(cls, stops):
                      settings=settings)
 
 
-def test_a_press_failing_in_setup_is_refused_before_anything_runs(tiny, tasks, tmp_path, capsys):
-    """setup() runs when the command checks its presses, before the first cell: one line, nothing written."""
-    code, out, err = cli(["run", "--model", tiny, "--tasks", tasks, "--press", f"{MODULE}:BadSetup", "--ratio", "0.5",
+@pytest.mark.parametrize("cls,match", [
+    ("BadSetup", "raised RuntimeError in setup(): no weights for this model"),
+    ("BadDefault", "raised ZeroDivisionError in parameters(): integer division or modulo by zero"),
+])
+def test_a_press_failing_as_it_is_built_is_refused_before_anything_runs(cls, match, tiny, tasks, tmp_path, capsys):
+    """parameters() and setup() run when the command checks its presses, before the first cell: one line
+    (exit 2, a refused configuration), nothing written."""
+    code, out, err = cli(["run", "--model", tiny, "--tasks", tasks, "--press", f"{MODULE}:{cls}", "--ratio", "0.5",
                           "--out", tmp_path / "o.jsonl"], capsys)
     assert code == 2
-    assert_one_line_error(code, out, err, (f"press '{MODULE}:BadSetup' raised RuntimeError in setup()",
-                                           "no weights for this model"))
+    assert_one_line_error(code, out, err, (f"press '{MODULE}:{cls}' {match}",))
     assert not (tmp_path / "o.jsonl").exists()
 
 

@@ -3,8 +3,9 @@
 A press by import path or entry point (:mod:`kvroute.presses.plugins`) is code kvroute hosts but did
 not write; its scorer class is :func:`fenced` before anything uses it:
 
-* **Its errors are its cells' errors.** Every call kvroute makes into it (building it, ``setup``,
-  ``setup_tokenizer``, ``min_tokens``, ``check``, ``score``, ``score_model``, ``kvpress_press``)
+* **Its errors are its cells' errors.** Every call kvroute makes into it (building it,
+  ``parameters``, ``setup``, ``setup_tokenizer``, ``min_tokens``, ``check``, ``score``,
+  ``score_model``, ``kvpress_press``)
   runs under :func:`guard`: any ``Exception`` or ``SystemExit`` it raises becomes a
   :class:`~kvroute.errors.PressPluginError` ("press plugin 'x' (mod:Cls, from dist) raised
   ZeroDivisionError in score(): division by zero"), an :class:`~kvroute.errors.EngineError` and so
@@ -89,6 +90,11 @@ class FencedScorer(Scorer):
     def __init__(self, **params: Any) -> None:
         with guard(self.origin, "building it"):
             super().__init__(**params)
+
+    @classmethod
+    def parameters(cls) -> dict[str, Any]:  # a Scorer's dataclass default_factory is its code
+        with guard(cls.origin, "parameters()"):
+            return super().parameters()
 
     def setup(self, model: nn.Module) -> None:
         with guard(self.origin, "setup()"):
