@@ -448,3 +448,24 @@ def test_write_folder_never_swaps_the_working_directory(tmp_path, monkeypatch):
     write_folder(".", {"a.txt": b"1"})
     write_folder(tmp_path, {"a.txt": b"2"})
     assert (tmp_path / "a.txt").read_bytes() == b"2" and tmp_path.stat().st_ino == inode
+
+
+def test_a_foreign_csv_with_a_byte_order_mark_loads(tmp_path):
+    from kvroute.analysis.load import load_records
+
+    f = tmp_path / "foreign.csv"  # pandas' dialect (bare values), not kvroute's: read by pandas
+    f.write_text(BOM + "model,instance_id,press,ratio,f1\nm,a,none,0,1.0\nm,a,knorm,0.5,0.5\n", encoding="utf-8")
+    df = load_records(f)
+    assert list(df.columns)[:2] == ["model", "instance_id"] and list(df["ratio"]) == [0, 0.5]
+
+
+def test_tickets_file_with_a_bom_reads_and_a_deep_line_is_refused(tmp_path):
+    from kvroute.analysis.tickets import load_tickets
+    from kvroute.errors import StoreError
+
+    f = tmp_path / "tickets.jsonl"
+    f.write_text(BOM + json.dumps({"model": "m", "entries": 3}) + "\n", encoding="utf-8")
+    assert load_tickets(tmp_path).to_dict("records") == [{"model": "m", "entries": 3}]
+    f.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(StoreError, match="line 1.*nested more than"):
+        load_tickets(tmp_path)

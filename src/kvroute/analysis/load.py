@@ -168,7 +168,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
     try:
         records = read_csv(path)
     except ValueError:  # not kvroute's dialect (e.g. written by pandas): pandas' own inference
-        return pd.read_csv(path)
+        return pd.read_csv(path, encoding="utf-8-sig")
     return pd.DataFrame.from_records(records)
 
 

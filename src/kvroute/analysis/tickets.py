@@ -7,11 +7,11 @@ its cliff, (1 − α*); the ratio between the two says how much of that budget a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
+from kvroute.bounds import loads_json
 from kvroute.errors import StoreError
 
 TICKETS_FILE = "tickets.jsonl"
@@ -24,12 +24,12 @@ def load_tickets(run_dir: str | Path) -> pd.DataFrame:
     if not f.is_file():
         return pd.DataFrame()
     rows = []
-    for i, line in enumerate(f.read_text().splitlines(), 1):
+    for i, line in enumerate(f.read_text(encoding="utf-8-sig").splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise StoreError(f"{f}, line {i}: not valid JSON ({e})") from e
+                rows.append(loads_json(line))
+            except ValueError as e:  # bad syntax, nesting deeper than a ticket's or a lone surrogate
+                raise StoreError(f"{f}, line {i}: not a ticket record ({e})") from None
     return pd.DataFrame(rows)
 
 

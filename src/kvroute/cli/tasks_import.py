@@ -27,7 +27,7 @@ def _model_window(source: str) -> int | None:
         path = pull(ZOO.get(source))
     cfg = path / "config.json"
     if path.is_dir() and cfg.is_file():
-        value = json.loads(cfg.read_text()).get("max_position_embeddings")
+        value = json.loads(cfg.read_text(encoding="utf-8-sig")).get("max_position_embeddings")
         return int(value) if isinstance(value, int) else None
     return None
 
