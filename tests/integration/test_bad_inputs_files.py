@@ -469,3 +469,12 @@ def test_tickets_file_with_a_bom_reads_and_a_deep_line_is_refused(tmp_path):
     f.write_text("[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(StoreError, match="line 1.*nested more than"):
         load_tickets(tmp_path)
+
+
+def test_ticket_refuses_to_append_to_its_task_file(tiny, tasks_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    tickets = run / "tickets.jsonl"
+    tickets.write_bytes(tasks_file.read_bytes())
+    assert_fails_cleanly(["ticket", "--model", tiny, "--tasks", tickets, "--out", run], capsys, tmp_path,
+                         ("tickets file", "task file"))

@@ -209,6 +209,11 @@ def ticket(
 
     settings = TicketSettings(target=target, max_new_tokens=check_max_new_tokens(max_new_tokens, "--max-new-tokens"),
                               max_evaluations=max_evaluations)
+    if out is not None:  # tickets are appended to RUN_DIR/tickets.jsonl: never to the task file being read
+        from kvroute.files import check_not_input
+        from kvroute.tickets.save import TICKETS_FILE
+
+        check_not_input(out / TICKETS_FILE, {"the task file --tasks": tasks}, what="the tickets file under --out")
     all_tasks = load_tasks(tasks)
     by_id = {t.id: t for t in all_tasks}
     chosen = []
