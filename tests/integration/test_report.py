@@ -192,3 +192,15 @@ def test_report_has_the_press_league_right_after_the_cliff(report):
         for r in mine:
             assert r["rank"] == 1 + (r["rank_text"].split("beaten by ")[1].split(";")[0].count(",") + 1
                                      if "beaten by" in r["rank_text"] else 0)
+
+
+def test_the_page_is_the_registered_sections_in_registry_order(report):
+    from kvroute.report.sections import SECTIONS
+
+    _, html = report
+    names = SECTIONS.names()
+    assert _sections(html) == names  # every registered section, in order, and no other
+    nav = html[html.index("<nav>"):html.index("</nav>")]
+    assert re.findall(r'<a href="#([^"]+)">', nav) == names  # the contents list them in the same order
+    figures = re.findall(r'<figure id="(fig-[a-z-]+)">', html)
+    assert [f for f in figures if not f.startswith("fig-ticket")] == [i for i, _ in FIGURES]  # page order
