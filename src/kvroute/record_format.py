@@ -172,9 +172,10 @@ def check_columns(columns: Mapping[str, Sequence[Any]], source: str) -> None:
             distinct: Any = set(values)  # a column holds few distinct keys, ratios, statuses: check each once
         except TypeError:  # an unhashable value (a list where a scalar belongs): check them all
             distinct = values
-        for v in distinct:
+        if not any(_value_problem(name, v) for v in distinct):
+            continue
+        for i, v in enumerate(values, start=1):  # the first bad record in file order
             problem = _value_problem(name, v)
             if problem:
-                i = next(i for i, x in enumerate(values, start=1) if x is v or x == v)
                 raise StoreError(f"{source}: record {i}: field {name!r} {problem}; fix or remove that record "
                                  "(the file was not written by kvroute as it stands)")
