@@ -65,6 +65,11 @@ class ReportInput:
     def figure(self, fig_id: str, make: Callable[[], Figure | None], missing: str) -> FigureSlot:
         return FigureSlot(self, fig_id, make, missing)
 
+    def plot(self, fig_id: str, draw: Callable[..., Figure | None], *tables: str, why: str) -> FigureSlot:
+        """A figure ``draw`` makes from the analysis tables named (None where absent); where it cannot, the notes
+        of analysis section ``why`` say why."""
+        return FigureSlot(self, fig_id, lambda: draw(*(self.tables.get(n) for n in tables)), self.why(why))
+
 
 @dataclass(frozen=True)
 class FigureSlot:
@@ -141,14 +146,12 @@ html = Markup  # HTML made by code (tables, findings), placed as it is
          [("fig-cliff-caused", "Hallucination caused by compression"), ("fig-cliff", "Hallucination cliff")],
          opening=True)
 def _findings(r: ReportInput) -> dict[str, Any]:
-    s, t = r.summary, r.tables
+    s = r.summary
     return dict(findings=html(findings_html(s)), key=html(findings_key_html(s)),
                 scaling=html(scaling_findings_html(s)),
-                caused_figure=r.figure("fig-cliff-caused", lambda: fc.caused_cliff_figure(
-                    t.get("cliff_curves_caused"), t.get("cliff_curves"), t.get("cliffs_caused")),
-                    r.why("cliff_caused")),
-                cliff_figure=r.figure("fig-cliff", lambda: fc.cliff_figure(t.get("cliff_curves"), t.get("cliffs")),
-                                      r.why("cliff")))
+                caused_figure=r.plot("fig-cliff-caused", fc.caused_cliff_figure, "cliff_curves_caused", "cliff_curves",
+                                     "cliffs_caused", why="cliff_caused"),
+                cliff_figure=r.plot("fig-cliff", fc.cliff_figure, "cliff_curves", "cliffs", why="cliff"))
 
 
 @section("run", "What was run", "What was run")
@@ -177,17 +180,15 @@ def _league(r: ReportInput) -> dict[str, Any]:
          [("fig-context", "α* against context length")])
 def _context(r: ReportInput) -> dict[str, Any]:
     t = r.tables
-    return dict(figure=r.figure("fig-context", lambda: fc.context_figure(t.get("length_cliffs"),
-                                                                         t.get("length_verdicts")),
-                                r.why("context_length")),
+    return dict(figure=r.plot("fig-context", fc.context_figure, "length_cliffs", "length_verdicts",
+                              why="context_length"),
                 table=html(tb.verdict_table(t.get("length_verdicts"))))
 
 
 @section("size", "α* against model size", "2b. α* against model size", [("fig-size", "α* against model size")])
 def _size(r: ReportInput) -> dict[str, Any]:
     t = r.tables
-    return dict(figure=r.figure("fig-size", lambda: fc.size_figure(t.get("size_cliffs"), t.get("size_trends")),
-                                r.why("model_size")),
+    return dict(figure=r.plot("fig-size", fc.size_figure, "size_cliffs", "size_trends", why="model_size"),
                 tables=html(tb.size_tables(t.get("size_cliffs"), t.get("size_trends"))))
 
 
@@ -195,15 +196,14 @@ def _size(r: ReportInput) -> dict[str, Any]:
 def _ger(r: ReportInput) -> dict[str, Any]:
     t = r.tables
     return dict(within=html(tb.table_or_note(t.get("ger_within_ratio"), tb.WITHIN_COLS, r.why("ger_within_ratio"))),
-                figure=r.figure("fig-ger", lambda: fc.ger_figure(t.get("ger_points"), t.get("ger_correlation")),
-                                r.why("ger_correlation")),
+                figure=r.plot("fig-ger", fc.ger_figure, "ger_points", "ger_correlation", why="ger_correlation"),
                 conditional=html(tb.table_or_note(t.get("conditional"), tb.COND_COLS, r.why("conditional"))))
 
 
 @section("rau", "Retention, accessibility, utilization", "4. Retention, accessibility, utilization",
          [("fig-rau", "Retention, accessibility, utilization")])
 def _rau(r: ReportInput) -> dict[str, Any]:
-    return dict(figure=r.figure("fig-rau", lambda: fr.rau_figure(r.tables.get("routing")), r.why("routing")),
+    return dict(figure=r.plot("fig-rau", fr.rau_figure, "routing", why="routing"),
                 breakdowns=[(by, html(table)) for by, table in tb.breakdown_tables(r.tables)])
 
 
@@ -211,8 +211,8 @@ def _rau(r: ReportInput) -> dict[str, Any]:
          [("fig-decomposition", "Failure decomposition")])
 def _decomposition(r: ReportInput) -> dict[str, Any]:
     t = r.tables
-    return dict(cfg=r.cfg, figure=r.figure("fig-decomposition", lambda: fr.decomposition_figure(t.get("decomposition")),
-                                           r.why("decomposition")),
+    return dict(cfg=r.cfg, figure=r.plot("fig-decomposition", fr.decomposition_figure, "decomposition",
+                                         why="decomposition"),
                 table=html(tb.decomposition_table(t.get("decomposition"))),
                 rigidity=html(tb.rigidity_table(t.get("rigidity"))), rigidity_missing=r.why("rigidity"))
 
@@ -246,12 +246,10 @@ def _survival(r: ReportInput) -> dict[str, Any]:
           ("fig-probe", "Answer-type probe (control: reads the question)")])
 def _probe(r: ReportInput) -> dict[str, Any]:
     t = r.tables
-    return dict(identity_figure=r.figure("fig-identity", lambda: fx.identity_figure(t.get("identity_probe")),
-                                         r.why("identity_probe")),
+    return dict(identity_figure=r.plot("fig-identity", fx.identity_figure, "identity_probe", why="identity_probe"),
                 identity=html(tb.table_or_note(t.get("identity_probe"), tb.IDENTITY_COLS, r.why("identity_probe"))),
-                lens_figure=r.figure("fig-lens", lambda: fx.lens_figure(t.get("lens_profiles")),
-                                     r.why("lens_profiles")),
-                probe_figure=r.figure("fig-probe", lambda: fr.probe_figure(t.get("probe")), r.why("probe")))
+                lens_figure=r.plot("fig-lens", fx.lens_figure, "lens_profiles", why="lens_profiles"),
+                probe_figure=r.plot("fig-probe", fr.probe_figure, "probe", why="probe"))
 
 
 NO_ROUTE_PAIRS = "no press pair differing only in +routes selection in these records"
@@ -270,9 +268,8 @@ def _routes(r: ReportInput) -> dict[str, Any]:
          [("fig-redundancy", "Redundancy: reachability against heads keeping the evidence")])
 def _redundancy(r: ReportInput) -> dict[str, Any]:
     t = r.tables
-    return dict(figure=r.figure("fig-redundancy", lambda: fx.redundancy_figure(t.get("redundancy"),
-                                                                               t.get("redundancy_fit")),
-                                r.why("redundancy")),
+    return dict(figure=r.plot("fig-redundancy", fx.redundancy_figure, "redundancy", "redundancy_fit",
+                              why="redundancy"),
                 table=html(tb.table_or_note(t.get("redundancy_fit"), tb.REDUNDANCY_COLS, r.why("redundancy"))))
 
 
