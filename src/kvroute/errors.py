@@ -46,6 +46,11 @@ class UnknownNameError(KvrouteError, KeyError):
         return str(self.args[0])
 
 
+def with_article(noun: str) -> str:
+    """``noun`` after its indefinite article by its first letter: an int, a list, an Exception, a str."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def plural_of(noun: str) -> str:
     """English plural of a (possibly multi-word) noun: family → families, strategy → strategies, box → boxes."""
     head, _, last = noun.rpartition(" ")

@@ -409,8 +409,8 @@ def test_a_press_failing_as_it_is_built_is_refused_before_anything_runs(cls, mat
 # -- a plugin module that exits while it is imported ----------------------------------------------------
 
 def test_a_plugin_that_exits_at_import_is_listed_as_broken(tasks, tmp_path, capsys, monkeypatch):
-    declare_plugins(tmp_path / "site", monkeypatch, {"exiting": "exiting_press:Press", "vknorm": PRESS},
-                    dist="some-plugins")
+    declare_plugins(tmp_path / "site", monkeypatch, {"exiting": "exiting_press:Press", "vknorm": PRESS,
+                                                     "baddefault": f"{MODULE}:BadDefault"}, dist="some-plugins")
     monkeypatch.setenv("COLUMNS", "240")
     code, stdout, err = cli(["presses", "list"], capsys)
     assert code == 0, err
@@ -418,6 +418,8 @@ def test_a_plugin_that_exits_at_import_is_listed_as_broken(tasks, tmp_path, caps
     assert "press plugin 'exiting' (exiting_press:Press, from some-plugins) failed to import: SystemExit: 3" in text
     assert any(line.startswith("│ vknorm ") for line in stdout.splitlines())
     assert any(line.startswith("│ knorm ") for line in stdout.splitlines())
+    # a plugin whose parameters() raises is its own row's error, not the listing's
+    assert "raised ZeroDivisionError in parameters()" in text
     # by import path: one line, before anything runs
     code, out, err = cli(["run", "--tasks", tasks, "--press", "exiting_press:Press", "--ratio", "0.5",
                           "--out", tmp_path / "o.jsonl"], capsys)

@@ -91,6 +91,7 @@ def _press_rows() -> list[dict[str, Any]]:
     for name in [*SCORERS.names(), *plugin_names()]:
         try:
             cls = SCORERS.get(name)  # a plugin is imported here, and only here when listing
+            parameters = cls.parameters()  # a plugin's own code (fenced): its failure is its row's, not the listing's
         except KvrouteError as e:
             rows.append({"kind": "scorer", "name": name, "source": source(name), "error": str(e)})
             continue
@@ -100,7 +101,7 @@ def _press_rows() -> list[dict[str, Any]]:
         scored = "per ratio" if cls.ratio_dependent is True else "once"
         if cls.default_selection != "per_head":
             scored += f"; default +{cls.default_selection}"
-        rows.append({"kind": "scorer", "name": name, "source": source(name), "parameters": cls.parameters(),
+        rows.append({"kind": "scorer", "name": name, "source": source(name), "parameters": parameters,
                      "scored": scored, "reads": reads, "extra_cost": cls.extra_cost or None,
                      "vs_kvpress": _kvpress_status(name, source(name)), "description": cls.description})
     rows += [{"kind": "refused_plugin", "name": p.name, "error": refused_line(p)}

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from kvroute.errors import EngineError, KvrouteError, PressPluginError
+from kvroute.errors import EngineError, KvrouteError, PressPluginError, with_article
 from kvroute.presses.scorers.base import ModelScoreInputs, ScoreInputs, Scorer
 from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
 
@@ -217,7 +217,7 @@ def checked_scores(out: Any, origin: str, call: str, shape: torch.Size, device: 
     :class:`PressPluginError` saying what it is."""
     want = "[" + ", ".join(str(n) for n in shape) + "]"
     if not isinstance(out, torch.Tensor):
-        what = "None" if out is None else f"a {type(out).__name__}"
+        what = "None" if out is None else with_article(type(out).__name__)
         raise PressPluginError(f"{origin}: {call} returned {what}, not a tensor of scores {want}")
     if not out.is_floating_point():
         raise PressPluginError(f"{origin}: {call} returned scores of dtype {out.dtype}; scores must be floating "

@@ -48,7 +48,7 @@ from importlib.metadata import EntryPoint, entry_points
 from types import FunctionType, ModuleType
 from typing import Any
 
-from kvroute.errors import ConfigError, did_you_mean, error_reason, suggest
+from kvroute.errors import ConfigError, did_you_mean, error_reason, suggest, with_article
 from kvroute.presses.fence import FATAL, fenced
 from kvroute.presses.scorers.base import SCORERS, Scorer
 from kvroute.presses.scorers.kvpress_adapter import KvpressScorer, kvpress_scorer
@@ -219,7 +219,7 @@ def _what(obj: Any) -> str:
         return f"the function {obj.__qualname__}"
     if isinstance(obj, ScorerPress | Scorer):
         return f"an instance of {type(obj).__qualname__} (name the class; parameters go in [key=value])"
-    return f"a {type(obj).__name__} value"
+    return f"{with_article(type(obj).__name__)} value"
 
 
 def scorer_class(name: str, obj: Any, origin: str) -> type[Scorer]:
