@@ -21,7 +21,7 @@ def query_projection(module: Any) -> nn.Module | None:
     proj = getattr(module, "q_proj", None)
     if proj is None:
         proj = getattr(module, "qkv_proj", None)
-    return proj if isinstance(proj, nn.Module) else None
+    return proj if callable(proj) else None  # a module, or any callable standing in for one
 
 
 def require_query_projection(module: Any) -> nn.Module:
