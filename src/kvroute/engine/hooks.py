@@ -42,7 +42,7 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any],
                 attached.append(attn)
             handles.append(attn.register_forward_hook(hook, with_kwargs=True))
             proj = query_projection(attn)
-            if q_proj_hook is not None and proj is not None:
+            if q_proj_hook is not None and isinstance(proj, nn.Module):  # (a stand-in callable has no hooks)
                 handles.append(proj.register_forward_hook(q_proj_hook))
         yield
     finally:
