@@ -1,6 +1,6 @@
-"""Listings that survive a pipe: `presses list`, `models list` and `tasks show` never cut a name or a value where stdout
-is not a terminal (no "…", each name whole on one line), at the default width or a narrow COLUMNS, and each has a
-``--json`` form: a list of objects that names every press, model or instance."""
+"""Listings that survive a pipe: `presses list`, `models list`, `models architectures` and `tasks show` never cut a
+name or a value where stdout is not a terminal (no "…", each name whole on one line), at the default width or a
+narrow COLUMNS, and each has a ``--json`` form: a list of objects that names every press, model or instance."""
 
 from __future__ import annotations
 
@@ -93,6 +93,34 @@ def test_models_list_json_names_every_model():
     rows = json.loads(invoke(["models", "list", "--json"]))
     assert [r["name"] for r in rows] == list(ZOO.names())
     assert all(r["cached"] == "no" and r["packages"] and r["notes"] for r in rows)  # the --wide fields too
+
+
+@pytest.mark.parametrize("columns", [None, "60"])
+def test_models_architectures_lists_the_registry_whole_in_a_pipe(columns, monkeypatch):
+    from kvroute.models.tiny import TINY_ARCHITECTURES
+
+    if columns:
+        monkeypatch.setenv("COLUMNS", columns)
+    else:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    out = invoke(["models", "architectures"])
+    assert "…" not in out
+    seen = words(out)
+    for name, arch in TINY_ARCHITECTURES.items():
+        assert name in seen
+        assert (f"{name}: kvroute cannot study" in " ".join(out.split())) is (not arch.studied)
+
+
+def test_models_architectures_json_is_one_row_per_registry_architecture():
+    from kvroute.models.tiny import TINY_ARCHITECTURES
+
+    rows = json.loads(invoke(["models", "architectures", "--json"]))
+    assert [r["architecture"] for r in rows] == list(TINY_ARCHITECTURES)
+    for r in rows:
+        arch = TINY_ARCHITECTURES[r["architecture"]]
+        assert r["studied"] is arch.studied and r["head_dims"] == list(arch.head_dims)
+        # a studied architecture has a measured agreement; one kvroute cannot study has its load-time refusal
+        assert (r["agreement"] is not None) is arch.studied and (r["refusal"] is None) is arch.studied
 
 
 @pytest.fixture

@@ -14,6 +14,11 @@ def test_the_docs_table_is_the_generated_one():
     assert generated in text, "docs/models.md's architecture table is stale: run python benchmarks/support_table.py"
 
 
+def test_the_packaged_support_rows_are_the_generated_ones():
+    assert support_table.SUPPORT.read_text(encoding="utf-8") == support_table.support_text(), (
+        "kvroute/models/architectures.json is stale: run python benchmarks/support_table.py")
+
+
 def test_a_report_is_read_into_its_agreement_differences_and_refusal(tmp_path):
     report = tmp_path / "equivalence_tiny-x.md"
     report.write_text("# Equivalence\n\n| press | agreement | keep masks |\n|---|---|---|\n| `knorm` | 8/8 | – |\n"

@@ -1,4 +1,4 @@
-"""``kvroute models``: the embedded model zoo (list, pull, rm)."""
+"""``kvroute models``: the embedded model zoo (list, pull, rm) and the architectures kvroute studies."""
 
 from __future__ import annotations
 
@@ -65,6 +65,41 @@ def models_list(
         if r["problem"]:
             console.print(Text(f"{r['name']}: {r['problem']}; pull it again: kvroute models pull {r['name']} --force",
                                style="yellow"))
+
+
+@models_app.command("architectures")
+def models_architectures(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON: a list of objects, one per "
+                                                         "architecture, with every field.")] = False,
+) -> None:
+    """Which architectures kvroute studies, and how each agrees with kvpress's pipeline token for token.
+
+    Generated from the equivalence benchmark's reports on a tiny random model of each architecture
+    (benchmarks/equivalence.py, benchmarks/support_table.py); docs/models.md shows the same table.
+    """
+    from kvroute.models.support import architecture_support
+
+    rows = architecture_support()
+    if as_json:
+        print_json(list(rows))
+        return
+    t = Table(title="architectures (tiny random models, against kvpress's pipeline)")
+    for col in ("architecture", "stands for", "traits", "head sizes", "studied", "agreement", "presses that differ"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        differ = ", ".join(f"{p} {a}" for p, a in r["presses_that_differ"].items())
+        if not differ:
+            differ = f"none of {r['presses_compared']}" if r["presses_compared"] else "–"
+        t.add_row(r["architecture"], r["stands_for"], ", ".join(r["traits"]),
+                  ", ".join(map(str, r["head_dims"])), Text("yes", style="green") if r["studied"] else
+                  Text("no", style="yellow"), r["agreement"] or "not run", differ)
+    print_table(t, console)
+    for r in rows:
+        if r["refusal"]:
+            console.print(Text(f"{r['architecture']}: {r['refusal']}"), soft_wrap=True)
+        elif r["not_compared"]:
+            console.print(Text(f"{r['architecture']}: {r['not_compared']} cells not compared, kvpress could not run "
+                               f"them ({r['report']})"), soft_wrap=True)
 
 
 @models_app.command("pull")
