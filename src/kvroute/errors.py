@@ -106,7 +106,8 @@ class EngineError(KvrouteError):
 
 class PressPluginError(EngineError):
     """A press kvroute did not write (import path, entry point) raised, edited its inputs or returned unusable
-    scores (kvroute.presses.fence); the message names the press and the call. A per-cell error."""
+    scores (kvroute.presses.fence), or kvpress's own score() raised on a model it does not handle
+    (kvroute.presses.scorers.guard); the message names the press and the call. A per-cell error."""
 
 
 class PromptTooLongError(EngineError):
@@ -138,7 +139,8 @@ class SweepError(KvrouteError):
 #: (a press's precondition, a prompt that does not fit, a task it cannot align) and ValueError (what
 #: scorers and metrics raise on inputs they cannot handle). Anything else — RuntimeError (out of
 #: memory, a shape bug), KeyboardInterrupt, SystemExit — is not a cell's fault and stops the run, except
-#: from a press kvroute did not write: whatever that raises is a PressPluginError (kvroute.presses.fence).
+#: from a press kvroute did not write, or kvpress's score(): whatever that raises is a PressPluginError
+#: (kvroute.presses.scorers.guard).
 CELL_ERRORS: tuple[type[BaseException], ...] = (KvrouteError, ValueError)
 
 

@@ -244,3 +244,42 @@ def test_soft_capped_logits_and_a_missing_query_projection_are_named_at_load():
     with pytest.raises(ModelLoadError, match=r"^kvroute cannot study bare \(llama\) yet: its attention "
                        r"\(LlamaAttention\) has neither a q_proj nor a fused qkv_proj"):
         check_architecture(bare, "bare")
+
+
+def test_a_kvpress_press_failing_on_a_model_fails_its_cells_not_the_run(tmp_path, monkeypatch, capsys):
+    """Phi-3 with a partial rotary (Phi-4-mini style): kvpress's SnapKV and Expected Attention raise a shape error on
+    it inside their own score(); that is their cells' error, named, while knorm's cells are computed."""
+    import json
+
+    from kvroute.cli import main
+    from kvroute.tasks import TaskSpec, generate_tasks, save_tasks
+
+    monkeypatch.setenv("KVROUTE_KEPT_KERNEL", "0")
+    folder = save_tiny_model(tmp_path / "phi3-partial", "phi3", seed=0)
+
+    def partial(d):
+        for k, v in d.items():
+            if k == "partial_rotary_factor":
+                d[k] = 0.5
+            elif isinstance(v, dict):
+                partial(v)
+
+    config = json.loads((folder / "config.json").read_text())
+    partial(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    tasks = tmp_path / "t.jsonl"
+    save_tasks(generate_tasks(TaskSpec("base", n=2, seed=0)), tasks)
+    out = tmp_path / "o.jsonl"
+    try:
+        main(["run", "--model", str(folder), "--tasks", str(tasks), "--press", "snapkv", "--press", "knorm",
+              "--ratio", "0.5", "--max-new-tokens", "4", "--out", str(out)])
+    except SystemExit as e:
+        assert not e.code, capsys.readouterr().err
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 4
+    for r in records:
+        if r["press"] == "knorm":
+            assert r["status"] == "ok"
+        else:
+            assert r["status"] == "error"
+            assert "kvpress's SnapKVPress raised RuntimeError in score()" in r["error"]

@@ -37,47 +37,18 @@ would otherwise look like a perfect one).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from kvroute.errors import EngineError, KvrouteError, PressPluginError, with_article
+from kvroute.errors import EngineError, PressPluginError, with_article
 from kvroute.presses.scorers.base import ModelScoreInputs, ScoreInputs, Scorer
+from kvroute.presses.scorers.guard import FATAL, guard
 from kvroute.presses.scorers.kvpress_adapter import KvpressScorer
 
-#: what a guarded call lets through: the user's Ctrl-C and running out of memory stop the run (torch's
-#: out-of-memory error under its name since torch 2.5, torch.cuda's before; the same class)
-FATAL: tuple[type[BaseException], ...] = (MemoryError, torch.cuda.OutOfMemoryError)
-
-
-@contextlib.contextmanager
-def guard(origin: str, call: str) -> Iterator[None]:
-    """Turn any ``Exception`` or ``SystemExit`` raised inside into a :class:`PressPluginError` naming ``origin``
-    (e.g. ``press plugin 'x' (mod:Cls, from dist)``) and ``call`` (e.g. ``score()``).
-
-    :data:`FATAL` errors, ``KeyboardInterrupt`` and kvroute's own errors pass unchanged.
-    """
-    try:
-        yield
-    except FATAL:
-        raise
-    except KvrouteError:
-        raise
-    except (Exception, SystemExit) as e:
-        raise PressPluginError(_raised(origin, call, e)) from None
-
-
-def _raised(origin: str, call: str, e: BaseException) -> str:
-    """``{origin} raised ZeroDivisionError in score(): division by zero``, on one line (a SystemExit says its code)."""
-    if isinstance(e, SystemExit):
-        return f"{origin} raised SystemExit in {call} (exit code {e.code!r}); a press must return, not exit"
-    what = str(e).strip()
-    return " ".join(f"{origin} raised {type(e).__name__} in {call}{': ' + what if what else ''}".split())
-
+__all__ = ["FATAL", "FencedKvpressScorer", "FencedScorer", "checked_scores", "fenced", "finite_scores", "guard"]
 
 class FencedScorer(Scorer):
     """The fence for a kvroute :class:`Scorer` of one's own; :func:`fenced` puts it before the class in its MRO.

@@ -30,6 +30,7 @@ from torch import nn
 from kvroute.errors import ConfigError, EngineError, error_reason
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ScoreInputs, Scorer
+from kvroute.presses.scorers.guard import guard
 from kvroute.presses.scorers.kvpress_fields import KVPRESS_FIELDS, live_fields
 
 
@@ -200,8 +201,14 @@ class KvpressScorer(Scorer):
             return out
 
     def press_score(self, x: ScoreInputs) -> torch.Tensor:
-        """The kvpress press's own ``score()`` on ``x`` (the one call into the press's code while scoring)."""
-        return self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
+        """The kvpress press's own ``score()`` on ``x`` (the one call into the press's code while scoring).
+
+        Guarded (:func:`~kvroute.presses.scorers.guard.guard`): kvpress's code failing on a model it does not
+        handle (e.g. SnapKV's window queries on a partial rotary) fails this press's cells, not the run.
+        """
+        origin = getattr(self, "origin", None) or f"kvpress's {type(self.press).__name__}"  # a fenced plugin's name
+        with guard(origin, "score()"):
+            return self.press.score(x.module, x.hidden_states, x.keys, x.values, x.attentions, x.kwargs)
 
 
 def _get_rng_state(dev: torch.device) -> torch.Tensor:
