@@ -492,8 +492,9 @@ def _close(a, b, tol: float = 1e-4) -> bool:
 def test_a_real_build_killed_at_several_points_then_a_run_matches_one_without_the_kernel(tmp_path):
     """The real compile killed with -9 at three points (the run paused holding the lock; the run 3 s into the
     compile; the build process itself 3 s in), then ``kvroute run`` on a head-size-64 tiny model: it builds the kernel
-    (once, saying so), completes, and its records equal those of a run with the kernel off (KVROUTE_KEPT_KERNEL=0),
-    answers exactly and floats to float32 rounding."""
+    (once, saying so), completes, and its records equal, bit for bit, those of a run on a fresh home where no build
+    ever happened; and those of a run with the kernel off (KVROUTE_KEPT_KERNEL=0), answers exactly and floats to
+    float32 rounding."""
     import torch
 
     from kvroute.models import save_tiny_model
@@ -524,17 +525,20 @@ def test_a_real_build_killed_at_several_points_then_a_run_matches_one_without_th
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in generate_tasks(TaskSpec("base", n=2, seed=0))))
     records = {}
-    for kernel in ("1", "0"):
-        out = tmp_path / f"records-{kernel}.jsonl"
+    # after the kills; on a machine where no build ever happened (a fresh home); with the kernel off
+    for name, kernel, where in (("1", "1", home), ("fresh", "1", tmp_path / "fresh-home"), ("0", "0", home)):
+        out = tmp_path / f"records-{name}.jsonl"
         run = subprocess.run([sys.executable, "-m", "kvroute.cli", "run", "--model", str(model), "--tasks", str(tasks),
                               "--press", "knorm", "--press", "snapkv", "--ratio", "0", "--ratio", "0.5", "--ratio",
                               "0.9", "--max-new-tokens", "4", "--out", str(out)], capture_output=True, text=True,
-                             timeout=600, env={**os.environ, **env, "KVROUTE_KEPT_KERNEL": kernel})
+                             timeout=600, env={**os.environ, "KVROUTE_HOME": str(where), "KVROUTE_KEPT_KERNEL": kernel})
         assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
         assert len(_building_lines(run.stderr)) == (kernel == "1"), run.stderr
-        records[kernel] = _comparable(out)
-    assert _verified(home / "kernels")
+        records[name] = _comparable(out)
+    assert _verified(home / "kernels") and _verified(tmp_path / "fresh-home" / "kernels")
     assert len(records["1"]) == 12 and all(r["status"] == "ok" for r in records["1"])
+    # the kernel built after the kills is the kernel a clean machine builds: the same records, bit for bit
+    assert records["1"] == records["fresh"]
     assert [r["answer"] for r in records["1"]] == [r["answer"] for r in records["0"]]
     differ = [(i, k) for i, (a, b) in enumerate(zip(records["1"], records["0"], strict=True))
               for k in a if not _close({k: a[k]}, {k: b.get(k)})]
