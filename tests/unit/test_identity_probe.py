@@ -12,6 +12,7 @@ from kvroute.analysis.probe import (
     fit_conditional_logit,
     identity_by_ratio,
     identity_probe,
+    identity_verdict,
     lens_profiles,
 )
 
@@ -165,7 +166,23 @@ def test_identity_by_ratio_separates_usable_from_destroyed_evidence_and_counts_e
     assert gone.n == 48 and gone.n_excluded_unanswerable == 1 and gone.n_excluded_no_distractor == 1
     assert gone.n_candidates_dropped == 2 and base.lens_top1 == 0.0
     assert 2 <= base.mean_candidates <= 4 and base.note == ""
+    assert base.verdict == "above chance" and gone.verdict.startswith("at chance")  # 48 instances: it decides
     assert identity_by_ratio(_records({0.0: 1.0}).drop(columns="lens_candidates")).empty
+
+
+def test_the_identity_verdict_cannot_decide_below_its_instance_floor():
+    """The table's verdict says what the finding says: below 30 instances the interval is not trusted however far
+    from chance it lies (planted coverage 0.79 at 19 instances); the permutation null's line, when there, is the
+    line the interval must clear."""
+    clear = {"accuracy_low": 0.9, "accuracy_high": 0.95, "chance": 0.33, "null_high": 0.5}
+    assert identity_verdict({**clear, "n_instances": 19}) == "cannot decide: 19 instances (fewer than 30)"
+    assert identity_verdict({**clear, "n_instances": 30}) == "above chance"
+    assert identity_verdict({**clear, "n_instances": 64, "accuracy_low": 0.45}).startswith("at chance")  # ≤ null
+    assert identity_verdict({**clear, "n_instances": 64, "accuracy_low": 0.45, "null_high": float("nan")}) == (
+        "above chance")  # against the analytic chance 0.33
+    assert identity_verdict({**clear, "n_instances": float("nan")}) == ""  # the probe did not run
+    small = identity_by_ratio(_records({0.0: 1.5}, n=19), n_boot=100).iloc[0]
+    assert small.accuracy_low > small.chance and small.verdict.startswith("cannot decide: 19 instances")
 
 
 def test_identity_by_ratio_notes_a_group_it_cannot_probe():

@@ -33,7 +33,8 @@ import functools
 import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -447,6 +448,30 @@ def _permuted(X: np.ndarray, M: np.ndarray, rng: np.random.Generator) -> tuple[n
     return Xp, M
 
 
+def identity_verdict(row: Mapping[str, Any]) -> str:
+    """What one identity-probe row (:data:`IDENTITY_COLUMNS`) can say, in words: "cannot decide" below
+    :data:`MIN_IDENTITY_INSTANCES` instances (its interval then covers a planted accuracy in under 90% of sets),
+    "at chance" where the interval reaches the chance line (the permutation null's 95% quantile, else the
+    analytic chance), "above chance" otherwise; "" where the probe did not run (its note says why)."""
+    n, low = _number(row.get("n_instances")), _number(row.get("accuracy_low"))
+    if n is None or low is None:
+        return ""
+    if n < MIN_IDENTITY_INSTANCES:
+        return f"cannot decide: {int(n)} instances (fewer than {MIN_IDENTITY_INSTANCES})"
+    null_high = _number(row.get("null_high"))
+    line = null_high if null_high is not None else _number(row.get("chance"))
+    if line is not None and low <= line:
+        return "at chance: the interval reaches the chance line"
+    return "above chance"
+
+
+def _number(x: Any) -> float | None:
+    """``x`` as a float where it is a finite number, else None (a missing or NaN cell)."""
+    if isinstance(x, bool) or not isinstance(x, int | float | np.integer | np.floating) or not np.isfinite(x):
+        return None
+    return float(x)
+
+
 IDENTITY_COLUMNS = ("accuracy", "accuracy_low", "accuracy_high", "chance", "p_value", "null_accuracy", "null_high",
                     "p_permutation", "untrained", "untrained_low", "untrained_high", "n", "n_instances", "folds",
                     "null_folds")
@@ -483,7 +508,8 @@ def identity_by_ratio(df: pd.DataFrame, col: str | None = None, *, keys: Sequenc
     """
     keys = list(keys)
     cols = [*keys, "ratio", *IDENTITY_COLUMNS, "n_excluded_unanswerable", "n_excluded_no_distractor",
-            "n_candidates_dropped", "mean_candidates", "lens_logprob_final", "lens_top1", "exact", "input", "note"]
+            "n_candidates_dropped", "mean_candidates", "lens_logprob_final", "lens_top1", "exact", "input", "verdict",
+            "note"]
     col = col or identity_input(df)
     if col is None or not has_columns(df, [col]):
         return pd.DataFrame(columns=cols)
@@ -519,6 +545,7 @@ def identity_by_ratio(df: pd.DataFrame, col: str | None = None, *, keys: Sequenc
                                                                       if k != "press")).integers(2**31))))
         except AnalysisError as e:
             row["note"] = str(e)
+        row["verdict"] = identity_verdict(row)
         rows.append(row)
     return pd.DataFrame(rows, columns=cols)
 

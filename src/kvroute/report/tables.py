@@ -16,7 +16,8 @@ from kvroute.report import html as h
 
 IDENTITY_COLS = [("model", "model"), ("press", "press"), ("regime", "regime"), ("ratio", "α"),
                   ("accuracy", "identity accuracy"), ("accuracy_low", "low"), ("accuracy_high", "high"),
-                  ("chance", "chance"), ("p_value", "p (above chance)"), ("untrained", "untrained (last layer)"),
+                  ("verdict", "verdict"), ("chance", "chance"), ("p_value", "p (above chance)"),
+                  ("untrained", "untrained (last layer)"),
                   ("lens_logprob_final", "log p(gold first token)"), ("lens_top1", "gold top-1"), ("exact", "exact"),
                   ("n", "items"), ("null_folds", "folds with no direction"), ("mean_candidates", "candidates"),
                   ("n_excluded_unanswerable", "unanswerable (out)"),
