@@ -11,7 +11,6 @@ The kept-entries kernel (kvroute.engine.kept) is off here except in its own test
 reference numbers, and the kernel is compared with them at the registry's head sizes where it is built.
 """
 
-from dataclasses import dataclass
 from functools import cache
 
 import pytest
@@ -28,6 +27,7 @@ from kvroute.models import load_model
 from kvroute.models.tiny import TINY_ARCHITECTURES, save_tiny_model, tiny_model, tiny_variants
 from kvroute.presses import KeepMask
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
+from tests.kvpress_prompt import Prompt
 from tests.masked_reference import masked_reference_logits
 
 CONTEXT = ("Alice Morgan was born in Ferravik in 1987 and works as a glassblower for the Northwind Company. "
@@ -37,21 +37,11 @@ STUDIED = tiny_variants()
 IDS = [f"{arch}-{d}" for arch, d in STUDIED]
 
 
-@dataclass
-class Prompt:
-    context_ids: list[int]
-    question_ids: list[int]
-    kvpress_context: str = CONTEXT
-    kvpress_question: str = QUESTION
-    answer_prefix: str = ""
-    question_window: int = 0
-
-
 @cache
 def _setup(arch, head_dim):
     lm = tiny_model(arch, seed=0, **TINY_ARCHITECTURES[arch].sizes(head_dim))
     c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
-    return lm, Prompt(c, q)
+    return lm, Prompt(c, q, CONTEXT, QUESTION)
 
 
 @pytest.fixture(params=STUDIED, ids=IDS)

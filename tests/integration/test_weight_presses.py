@@ -12,7 +12,6 @@ download anywhere, kvpress's side included, fails the test instead of passing on
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from kvroute.errors import ConfigError
 from kvroute.models import tiny_model
 from kvroute.presses import SCORERS, build_press
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
+from tests.kvpress_prompt import Prompt
 
 CONTEXT = ("Alice Morgan was born in Ferravik in 1987 and works as a glassblower for the Northwind Company. "
            "Her brother lives in Quenby; his manager is Tobias Vell, who was born on 12 March 1961. ") * 3
@@ -49,16 +49,6 @@ CASES = {
     "qfilter+chunk": ("qfilter", "", "+chunk[chunk_length=64]"),
     "kvzap+block": ("kvzap", "model_type=linear", "+block[block_size=16]"),
 }
-
-
-@dataclass
-class Prompt:
-    context_ids: list[int]
-    question_ids: list[int]
-    kvpress_context: str = CONTEXT
-    kvpress_question: str = QUESTION
-    answer_prefix: str = ""
-    question_window: int = 0
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +80,7 @@ def _spec(case: str, lm, tmp_path: Path, seed: int = 0) -> str:
 
 def _prompt(lm) -> Prompt:
     c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
-    return Prompt(c, q)
+    return Prompt(c, q, CONTEXT, QUESTION)
 
 
 # equivalence with kvpress ---------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ its own text leaks attention onto evicted entries and is no reference on random 
 """
 
 import tempfile
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from kvroute.presses import SCORERS, SELECTIONS, build_press
 from kvroute.presses.scorers import KvpressScorer
 from kvroute.presses.scorers.kvpress_adapter import seeded_kvpress_layers
 from kvroute.presses.scorers.local_weights import with_random_weights
+from tests.kvpress_prompt import Prompt
 from tests.masked_reference import masked_reference_logits
 
 pytestmark = pytest.mark.reference
@@ -94,16 +94,6 @@ def registry_presses() -> list[str]:
     return [f"{n}[{TINY_PARAMS[n]}]" if n in TINY_PARAMS else n for n in kvpress_scorers()]
 
 
-@dataclass
-class Prompt:
-    context_ids: list[int]
-    question_ids: list[int]
-    kvpress_context: str = CONTEXT
-    kvpress_question: str = QUESTION
-    answer_prefix: str = ""
-    question_window: int = 0
-
-
 @cache
 def _model(arch, big=False):
     """A tiny model; ``big``: head_dim 64, where kvpress's fake keys exist. Its tokenizer is saved where
@@ -134,14 +124,14 @@ def _prompt(lm, spec):
         window = len(lm.tokenizer.encode(QUESTION, add_special_tokens=False))
         return Prompt(c, q, CONTEXT + QUESTION, "", "", window)
     c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
-    return Prompt(c, q)
+    return Prompt(c, q, CONTEXT, QUESTION)
 
 
 def _run(lm, presses, ratios=RATIOS):
     c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
     cells = [Cell(p, r) for p in presses for r in ratios]
     res = Engine(lm, DecodeSettings(max_new_tokens=MAX_NEW_TOKENS, keep_logits=True, draft=True)).run(
-        Prompt(c, q), cells, seed=SEED)
+        Prompt(c, q, CONTEXT, QUESTION), cells, seed=SEED)
     return c, q, cells, res
 
 

@@ -30,6 +30,16 @@ def piped(monkeypatch, tmp_path):
     monkeypatch.setenv("KVROUTE_HOME", str(tmp_path / "home"))
 
 
+@pytest.fixture(params=[None, "60"], ids=["default-width", "COLUMNS=60"])
+def columns(request, monkeypatch):
+    """The width a listing is printed at: the default, or a narrow COLUMNS."""
+    if request.param:
+        monkeypatch.setenv("COLUMNS", request.param)
+    else:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    return request.param
+
+
 def invoke(argv: list[str]) -> str:
     out = runner.invoke(app, argv)
     assert out.exit_code == 0, out.output
@@ -41,14 +51,9 @@ def words(text: str) -> set[str]:
     return set(re.split(r"[\s│┃|]+", text))
 
 
-@pytest.mark.parametrize("columns", [None, "60"])
-def test_presses_list_keeps_every_name_whole_in_a_pipe(columns, monkeypatch):
+def test_presses_list_keeps_every_name_whole_in_a_pipe(columns):
     from kvroute.presses import SCORERS, SELECTIONS
 
-    if columns:
-        monkeypatch.setenv("COLUMNS", columns)
-    else:
-        monkeypatch.delenv("COLUMNS", raising=False)
     out = invoke(["presses", "list"])
     assert "…" not in out
     assert {*SCORERS.names(), *SELECTIONS.names()} <= words(out)
@@ -67,15 +72,10 @@ def test_presses_list_json_names_every_press():
     assert snapkv["parameters"] == {"window_size": 64, "kernel_size": 5} and snapkv["source"] == "kvpress"
 
 
-@pytest.mark.parametrize("columns", [None, "60"])
 @pytest.mark.parametrize("wide", [False, True])
-def test_models_list_keeps_every_value_whole_in_a_pipe(columns, wide, monkeypatch):
+def test_models_list_keeps_every_value_whole_in_a_pipe(columns, wide):
     from kvroute.models import ZOO
 
-    if columns:
-        monkeypatch.setenv("COLUMNS", columns)
-    else:
-        monkeypatch.delenv("COLUMNS", raising=False)
     out = invoke(["models", "list", *(["--wide"] if wide else [])])
     assert "…" not in out
     seen = words(out)
@@ -95,14 +95,9 @@ def test_models_list_json_names_every_model():
     assert all(r["cached"] == "no" and r["packages"] and r["notes"] for r in rows)  # the --wide fields too
 
 
-@pytest.mark.parametrize("columns", [None, "60"])
-def test_models_architectures_lists_the_registry_whole_in_a_pipe(columns, monkeypatch):
+def test_models_architectures_lists_the_registry_whole_in_a_pipe(columns):
     from kvroute.models.tiny import TINY_ARCHITECTURES
 
-    if columns:
-        monkeypatch.setenv("COLUMNS", columns)
-    else:
-        monkeypatch.delenv("COLUMNS", raising=False)
     out = invoke(["models", "architectures"])
     assert "…" not in out
     seen = words(out)
@@ -131,12 +126,7 @@ def task_file(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("columns", [None, "60"])
-def test_tasks_show_keeps_whole_contexts_in_a_pipe(columns, task_file, monkeypatch):
-    if columns:
-        monkeypatch.setenv("COLUMNS", columns)
-    else:
-        monkeypatch.delenv("COLUMNS", raising=False)
+def test_tasks_show_keeps_whole_contexts_in_a_pipe(columns, task_file):
     insts = load_tasks(task_file)
     assert len(insts[0].context) > 2000  # past the cut a terminal gets
     out = invoke(["tasks", "show", str(task_file)])
