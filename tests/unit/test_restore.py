@@ -14,7 +14,9 @@ from kvroute.presses.restore import Restore
 @pytest.mark.parametrize("spec", ["answer", "evidence", "random", "distractor", "consensus@layers:middle",
                                   "answer@layers:2-4", "answer@layers:late",
                                   "evidence@layers:early@heads:0,1", "answer@heads:1", "answer@heads:retrieval",
-                                  "evidence@layers:late@heads:retrieval"])
+                                  "evidence@layers:late@heads:retrieval", "answer@slots:3.1,4.0",
+                                  "evidence@slots:none", "span:2-5", "span:0-3@layers:1-2@heads:1",
+                                  "span:4-4@slots:0.1"])
 def test_conditions_round_trip(spec):
     assert str(Restore.parse(spec)) == spec
 
@@ -27,6 +29,14 @@ def test_conditions_round_trip(spec):
     ("answer@heads:-1", "start at 0"),
     ("answer@layers:1-2@layers:3-4", "each at most once"),
     ("answer@tokens:3", "is not @layers"),
+    ("answer@slots:3-1", "slot '3-1' is not LAYER.KV_HEAD"),
+    ("answer@slots:3.1,x", "slot 'x' is not LAYER.KV_HEAD"),
+    ("answer@slots:3.1@layers:1-2", "without @layers and @heads"),
+    ("answer@heads:0@slots:3.1", "without @layers and @heads"),
+    ("answer@slots:1.0@slots:2.0", "each at most once"),
+    ("span", "span:FIRST-LAST"),
+    ("span:9-2", "runs backwards; write span:2-9"),
+    ("spam:1-2", "did you mean 'span'"),
 ])
 def test_malformed_conditions_are_refused_naming_the_part(spec, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -262,3 +272,41 @@ def test_clustered_wilson_covers_a_planted_share_where_wilson_on_the_pairs_does_
         lo, hi = wilson(int(y.sum()), clusters * size)
         naive += lo <= truth <= hi
     assert covered / reps >= 0.90 and naive / reps <= covered / reps - 0.05
+
+
+def test_slots_restore_exactly_their_layer_and_kv_head_pairs():
+    """Slot (1, 0) and (4, 1) get the answer back; every other (layer, KV head) and every other token is untouched."""
+    m = Restore.parse("answer@slots:4.1,1.0,1.0").apply(_mask(), answer=[2, 3, 11], evidence=[1, 2, 3])
+    want = torch.zeros(6, 2, 10, dtype=torch.bool)
+    want[1, 0, [2, 3]] = True
+    want[4, 1, [2, 3]] = True
+    assert torch.equal(m.mask, want)
+
+
+def test_one_slot_equals_the_one_layer_one_head_condition_and_all_slots_equal_the_whole_target():
+    g = torch.Generator().manual_seed(0)
+    base = KeepMask(torch.rand(6, 2, 10, generator=g) > 0.7, "hand", 0.7)
+    kw = dict(answer=[2, 3], evidence=[1, 2, 3, 7])
+    for target in ("answer", "evidence", "span:5-8"):
+        one = Restore.parse(f"{target}@slots:3.1").apply(base, **kw)
+        assert torch.equal(one.mask, Restore.parse(f"{target}@layers:3-3@heads:1").apply(base, **kw).mask)
+        every = ",".join(f"{a}.{b}" for a in range(6) for b in range(2))
+        assert torch.equal(Restore.parse(f"{target}@slots:{every}").apply(base, **kw).mask,
+                           Restore.parse(target).apply(base, **kw).mask)
+    none = Restore.parse("answer@slots:none").apply(base, **kw)
+    assert torch.equal(none.mask, base.mask) and none.mask is not base.mask
+
+
+def test_a_span_restores_its_positions_and_a_span_past_the_context_is_an_engine_error():
+    m = Restore.parse("span:6-8@heads:0").apply(_mask(), answer=[], evidence=[])
+    want = torch.zeros(6, 2, 10, dtype=torch.bool)
+    want[:, 0, 6:9] = True
+    assert torch.equal(m.mask, want)
+    with pytest.raises(EngineError, match="context has 10 tokens"):
+        Restore.parse("span:6-10").apply(_mask(), answer=[], evidence=[])
+
+
+@pytest.mark.parametrize("spec", ["answer@slots:6.0", "answer@slots:2.2"])
+def test_a_slot_the_model_lacks_is_an_engine_error(spec):
+    with pytest.raises(EngineError, match="outside this model's 6 layers × 2 KV heads"):
+        Restore.parse(spec).apply(_mask(), answer=[2], evidence=[2])

@@ -25,6 +25,12 @@ Conditions (``Cell.restore``, the sweep config's ``restore`` list)::
                               whose retrieval score (Wu et al. 2024) is at least 0.1 in the full-cache cells of
                               another run (the sweep config's ``retrieval_heads``; kvroute.analysis.retrieval)
     evidence@layers:late@heads:1
+    answer@slots:3.1,4.0      only these (layer, KV head) slots, written LAYER.KV_HEAD (0-based) and separated by
+                              commas: the restore map's resolution (kvroute.analysis.restore_map); a slot list
+                              stands alone (not with @layers or @heads); ``@slots:none`` restores nothing (the
+                              compressed cell itself, kept as a control)
+    span:40-52                context token positions 40 to 52 (0-based, inclusive): a span chosen by the user;
+                              takes @layers, @heads and @slots like the other targets
 
 A condition the model cannot take (layers or heads it lacks) or the instance cannot (no answer tokens in
 the context) raises :class:`~kvroute.errors.EngineError`, which the engine records as that cell's
@@ -42,12 +48,15 @@ import torch
 from kvroute.errors import ConfigError, EngineError, suggest
 from kvroute.presses.keepmask import KeepMask
 
-TARGETS = ("answer", "evidence", "random", "distractor", "consensus")
+TARGETS = ("answer", "evidence", "random", "distractor", "consensus", "span")
 #: positions the consensus target skips (the attention sinks: the consensus metric's default n_sink)
 CONSENSUS_SKIP = 4
 BANDS = ("early", "middle", "late")
 RETRIEVAL = "retrieval"
 _LAYERS = re.compile(r"^(\d+)-(\d+)$")
+_SLOT = re.compile(r"^(\d+)\.(\d+)$")
+NO_SLOTS = "none"
+Slot = tuple[int, int]  # (layer, KV head)
 
 
 @dataclass(frozen=True)
@@ -57,18 +66,25 @@ class Restore:
     target: str
     layers: tuple[int, int] | str | None = None  # inclusive (first, last), or a band name
     heads: tuple[int, ...] | str | None = None  # KV heads, or RETRIEVAL (the model's retrieval heads, per layer)
+    slots: tuple[Slot, ...] | None = None  # (layer, KV head) pairs, sorted; () restores nothing
+    span: tuple[int, int] | None = None  # the span target's context positions (first, last), inclusive
 
     @classmethod
-    def parse(cls, spec: str) -> Restore:
+    def parse(cls, spec: str) -> Restore:  # noqa: C901  (one branch per part of the grammar)
         """``"answer@layers:0-9"`` → Restore; a malformed condition raises ConfigError naming the part."""
         parts = [p.strip() for p in spec.strip().split("@")]
         target = parts[0]
+        span: tuple[int, int] | None = None
+        if target.startswith("span:") or target == "span":
+            span = _span(spec, target.partition(":")[2])
+            target = "span"
         if target not in TARGETS:
             hint = suggest(target, TARGETS)
             raise ConfigError(f"restore condition {spec!r}: unknown target {target!r}; choose from "
                               f"{', '.join(TARGETS)}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         layers: tuple[int, int] | str | None = None
         heads: tuple[int, ...] | str | None = None
+        slots: tuple[Slot, ...] | None = None
         for part in parts[1:]:
             key, _, value = part.partition(":")
             if key == "layers" and layers is None:
@@ -92,17 +108,24 @@ class Restore:
                                       f"commas or {RETRIEVAL!r}, got {value!r}") from None
                 if any(h < 0 for h in heads):
                     raise ConfigError(f"restore condition {spec!r}: head numbers start at 0")
+            elif key == "slots" and slots is None:
+                slots = _slots(spec, value)
             else:
-                raise ConfigError(f"restore condition {spec!r}: {part!r} is not @layers:… or @heads:… (each at "
-                                  "most once)")
-        return cls(target, layers, heads)
+                raise ConfigError(f"restore condition {spec!r}: {part!r} is not @layers:…, @heads:… or @slots:… (each "
+                                  "at most once)")
+        if slots is not None and (layers is not None or heads is not None):
+            raise ConfigError(f"restore condition {spec!r}: @slots names (layer, KV head) pairs itself; write it "
+                              "without @layers and @heads")
+        return cls(target, layers, heads, slots, span)
 
     def __str__(self) -> str:
-        out = self.target
+        out = self.target if self.span is None else f"span:{self.span[0]}-{self.span[1]}"
         if self.layers is not None:
             out += "@layers:" + (self.layers if isinstance(self.layers, str) else f"{self.layers[0]}-{self.layers[1]}")
         if self.heads is not None:
             out += "@heads:" + (self.heads if isinstance(self.heads, str) else ",".join(map(str, self.heads)))
+        if self.slots is not None:
+            out += "@slots:" + (",".join(f"{a}.{b}" for a, b in self.slots) or NO_SLOTS)
         return out
 
     def layer_range(self, num_layers: int) -> range:
@@ -122,6 +145,10 @@ class Restore:
         """The restored context positions, the same in every layer (EngineError when the instance has none to
         restore; not for the consensus target, whose position is per layer). ``distractors``: per occurrence of a
         distractor value in the context, its token positions (``Prompt.distractor_span_positions``)."""
+        if self.span is not None:
+            if self.span[1] >= T:
+                raise EngineError(f"restore={self}: the context has {T} tokens (0-{T - 1}), not {self.span[1]}")
+            return list(range(self.span[0], self.span[1] + 1))
         ans = sorted({p for p in answer if 0 <= p < T})
         if self.target in ("answer", "random", "distractor"):
             if not ans:
@@ -148,6 +175,8 @@ class Restore:
         the consensus target only; ``retrieval``: the model's retrieval heads as (layer, KV head) pairs, needed by
         ``@heads:retrieval`` only."""
         L, Hkv, T = mask.shape
+        if self.slots is not None:
+            return self._apply_slots(mask, answer, evidence, seed, consensus, distractors)
         layers = list(self.layer_range(L))
         if self.needs_retrieval_heads:
             return self._apply_pairs(mask, answer, evidence, seed, consensus, layers, retrieval, distractors)
@@ -188,6 +217,26 @@ class Restore:
             raise EngineError(f"restore={self}: the model has no retrieval heads "
                               + ("in these layers" if self.layers is not None else "(none scores at least the "
                                  "threshold)"))
+        return self._keep_pairs(mask, answer, evidence, seed, consensus, pairs, distractors)
+
+    def _apply_slots(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], seed: int,
+                     consensus: Sequence[int] | None, distractors: Sequence[Sequence[int]]) -> KeepMask:
+        """The condition in its (layer, KV head) slots only; no slot: the mask unchanged (a copy)."""
+        L, Hkv, _ = mask.shape
+        assert self.slots is not None
+        bad = [(layer, h) for layer, h in self.slots if layer >= L or h >= Hkv]
+        if bad:
+            raise EngineError(f"restore={self}: slot {bad[0][0]}.{bad[0][1]} is outside this model's {L} layers × "
+                              f"{Hkv} KV heads (0-{L - 1}, 0-{Hkv - 1})")
+        if not self.slots:
+            return KeepMask(mask.mask.clone(), mask.press, mask.ratio)
+        return self._keep_pairs(mask, answer, evidence, seed, consensus, list(self.slots), distractors)
+
+    def _keep_pairs(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], seed: int,
+                    consensus: Sequence[int] | None, pairs: Sequence[Slot],
+                    distractors: Sequence[Sequence[int]]) -> KeepMask:
+        """``mask`` with the condition's positions kept again in the (layer, KV head) ``pairs`` only."""
+        L, Hkv, T = mask.shape
         keep = mask.mask.clone()
         if self.target == "consensus":
             if consensus is None or len(consensus) != L:
@@ -201,6 +250,32 @@ class Restore:
         hi = torch.as_tensor([p[1] for p in pairs], dtype=torch.long, device=keep.device)
         keep[li[:, None], hi[:, None], pos[None, :]] = True
         return KeepMask(keep, mask.press, mask.ratio)
+
+
+def _slots(spec: str, value: str) -> tuple[Slot, ...]:
+    """``"3.1,4.0"`` → ((3, 1), (4, 0)) sorted and without repeats; ``"none"`` → (); ConfigError naming the bad part."""
+    if value == NO_SLOTS:
+        return ()
+    out: set[Slot] = set()
+    for item in value.split(","):
+        m = _SLOT.match(item.strip())
+        if m is None:
+            raise ConfigError(f"restore condition {spec!r}: slot {item.strip()!r} is not LAYER.KV_HEAD (0-based, e.g. "
+                              f"3.1); separate slots with commas, or write slots:{NO_SLOTS} for no slot")
+        out.add((int(m.group(1)), int(m.group(2))))
+    return tuple(sorted(out))
+
+
+def _span(spec: str, value: str) -> tuple[int, int]:
+    """``"40-52"`` → (40, 52): the span target's context positions; ConfigError naming the bad part."""
+    m = _LAYERS.match(value)
+    if m is None:
+        raise ConfigError(f"restore condition {spec!r}: span must be span:FIRST-LAST, context token positions "
+                          f"(0-based, inclusive), got {value!r}")
+    a, b = int(m.group(1)), int(m.group(2))
+    if a > b:
+        raise ConfigError(f"restore condition {spec!r}: span {value} runs backwards; write span:{b}-{a}")
+    return a, b
 
 
 def _distractor_positions(T: int, ans: Sequence[int], distractors: Sequence[Sequence[int]], seed: int,
