@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvroute.engine.cell import NO_PRESS, Cell
-from kvroute.errors import ConfigError, EngineError
+from kvroute.errors import ConfigError, EngineError, KvrouteError
 from kvroute.presses.restore import Restore, Slot
 from kvroute.progress import SILENT, Progress
 from kvroute.settings import RunSettings
@@ -321,3 +321,111 @@ class _Runner:
                 self.computed += len(todo)
         want = set(keys)
         return [r for r in iter_records(self.store) if r.get("key") in want]
+
+
+@dataclass(frozen=True)
+class RunCell:
+    """A run's compressed cell a map is asked of (:func:`run_cell`): what loads its model and runs its cells."""
+
+    run_dir: Path
+    model: Any  # kvroute.sweep.config.ModelSpec
+    instance: Any  # TaskInstance
+    press: str
+    ratio: float
+    regime: str
+    seed: int
+    settings: RunSettings
+    record: dict[str, Any] | None  # the run's own record of the cell (None when the run has none)
+
+    @property
+    def store(self) -> Path:
+        return self.run_dir / MAP_DIR
+
+
+def parse_cell(cell: str) -> tuple[str, float]:
+    """``"snapkv@0.9"`` → ("snapkv", 0.9); ConfigError naming the part."""
+    press, sep, ratio = cell.strip().rpartition("@")
+    try:
+        value = float(ratio)
+    except ValueError:
+        value = math.nan
+    if not sep or not press or math.isnan(value):
+        raise ConfigError(f"--cell {cell!r}: write PRESS@RATIO, e.g. snapkv@0.9")
+    return press, value
+
+
+def run_cell(run_dir: str | Path, instance_id: str, cell: str, *, model: str | None = None) -> RunCell:
+    """Find ``instance_id`` (an id or a unique prefix) and ``cell`` (PRESS@RATIO, one of the run's presses and
+    ratios) in the sweep run at ``run_dir``; unknown names raise :class:`~kvroute.errors.UnknownNameError` with
+    the closest."""
+    from kvroute.errors import UnknownNameError, suggest
+    from kvroute.metrics.base import MetricSettings
+    from kvroute.presses import build_press
+    from kvroute.sweep.config import ModelSpec
+    from kvroute.sweep.manifest import read_manifest
+    from kvroute.sweep.store import STORE_NAME, iter_records
+    from kvroute.sweep.tasks import TASKS_DIR
+    from kvroute.tasks.io import load_tasks
+
+    run = Path(run_dir)
+    manifest = read_manifest(run)
+    if not manifest or not isinstance(manifest.get("config"), dict):
+        raise ConfigError(f"{run} is not a sweep run directory (no manifest.json with its config)")
+    c = manifest["config"]
+    models = [ModelSpec(m["name"], m["source"], m.get("device"), m.get("dtype")) for m in c.get("models", [])]
+    names = [m.name for m in models]
+    if model is None and len(models) != 1:
+        raise ConfigError(f"{run} has {len(models)} models ({', '.join(names)}); choose one with --model")
+    if model is not None and model not in names:
+        raise UnknownNameError("model", model, names, plural="models in this run")
+    spec = models[0] if model is None else models[names.index(model)]
+    press, ratio = parse_cell(cell)
+    presses = list(c.get("presses", []))
+    canon = {build_press(p).name: p for p in presses}
+    if press not in presses:
+        try:
+            press = canon[build_press(press).name]
+        except (KeyError, KvrouteError):
+            raise UnknownNameError("press", press, presses, plural="presses in this run") from None
+    ratios = [float(r) for r in c.get("ratios", []) if float(r) > 0]
+    if ratio not in ratios:
+        raise ConfigError(f"--cell {cell!r}: the run has no ratio {ratio:g}; its compressed ratios: "
+                          f"{', '.join(f'{r:g}' for r in ratios)}")
+    instances = {i.id: i for f in sorted((run / TASKS_DIR).glob("*.jsonl")) for i in load_tasks(f)}
+    hits = [i for i in instances if i == instance_id] or [i for i in instances if i.startswith(instance_id)]
+    if len(hits) != 1:
+        close = suggest(instance_id, instances) if not hits else hits[:3]
+        why = f"it matches {len(hits)} instances" if hits else "it is not in this run"
+        hint = f"{why} ({len(instances)} instances in {run / TASKS_DIR})"
+        if close:
+            hint += f"; did you mean {', '.join(map(repr, close))}?"
+        raise UnknownNameError("instance", instance_id, [], hint=hint[0].upper() + hint[1:])
+    inst = instances[hits[0]]
+    rec = None
+    if (run / STORE_NAME).is_file():
+        rec = next((r for r in iter_records(run) if r.get("instance_id") == inst.id and r.get("press") == press
+                    and r.get("ratio") == ratio and not r.get("restore") and r.get("model") == spec.name), None)
+    dec = c.get("decoding", {})
+    settings = RunSettings(max_new_tokens=int(dec.get("max_new_tokens", RunSettings().max_new_tokens)),
+                           batch_size=dec.get("batch_size"), system_prompt=dec.get("system_prompt"),
+                           answer_prefix=dec.get("answer_prefix", ""), metrics=MAP_METRICS,
+                           metric=MetricSettings(**c.get("metric_settings", {})))
+    regime = str(rec["regime"]) if rec else str((c.get("regimes") or ["agnostic"])[0])
+    seed = int(rec["seed"]) if rec else int((c.get("seeds") or [0])[0])
+    return RunCell(run, spec, inst, press, ratio, regime, seed, settings, rec)
+
+
+def restore_map_of_run(rc: RunCell, *, target: str = "answer", minimal: bool = True,
+                       progress: Progress = SILENT) -> RestoreMap:
+    """:func:`restore_map` of a run's cell, its cells kept in ``RUN_DIR/restore_map/`` (a rerun reuses them)."""
+    from kvroute.sweep.grid import model_id
+    from kvroute.sweep.local import load_engine
+
+    slot_condition(target, [])  # a bad target fails before the model loads
+    engine = load_engine(rc.model, rc.settings)
+    m = restore_map(engine, rc.instance, rc.press, rc.ratio, target=target, regime=rc.regime, seed=rc.seed,
+                    settings=rc.settings, store=rc.store, model_key=model_id(rc.model), minimal=minimal,
+                    progress=progress)
+    if rc.record is not None and rc.record.get("status") == "ok":
+        m.checks["compressed_is_the_runs_answer"] = rc.record.get("answer") == m.compressed.get("answer")
+    return m

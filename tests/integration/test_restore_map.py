@@ -25,7 +25,7 @@ ROUTE = (1, 1)  # the planted model's only route: layer 1, KV head 1
 
 
 def _instance(lm):
-    return next(i for i in generate_tasks(TaskSpec("base", n=3, seed=3, target_tokens=300), lm.tokenizer)
+    return next(i for i in generate_tasks(TaskSpec("base", n=3, seed=3, target_tokens=200), lm.tokenizer)
                 if not i.unanswerable)
 
 
