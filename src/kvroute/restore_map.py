@@ -105,6 +105,7 @@ class RestoreMap:
     order: list[Slot]  # slots in greedy order (decreasing effect)
     minimal: list[Slot] | None  # the minimal repairing set; [] when the compressed cell is correct
     minimal_record: dict[str, Any] | None  # the cell that verified it
+    model: str = ""
     computed: int = 0  # cells computed by this call (0: all were in the store)
     seconds: float = 0.0
     checks: dict[str, bool] = field(default_factory=dict)
@@ -194,7 +195,8 @@ def map_from_records(records: Iterable[Mapping[str, Any]], target: str = "answer
     minimal, minimal_rec = _minimal(order, multi, comp, every)
     whole, no_slot = by.get(str(t), {}), multi.get((), {})
     m = RestoreMap(comp.get("instance_id", ""), comp.get("press", ""), float(comp.get("ratio", 0.0)), target,
-                   effect, repaired, frame, comp, full, whole, every, no_slot, order, minimal, minimal_rec)
+                   effect, repaired, frame, comp, full, whole, every, no_slot, order, minimal, minimal_rec,
+                   model=str(comp.get("model", "")))
     m.checks = _checks(m)
     return m
 
@@ -415,14 +417,15 @@ def run_cell(run_dir: str | Path, instance_id: str, cell: str, *, model: str | N
     return RunCell(run, spec, inst, press, ratio, regime, seed, settings, rec)
 
 
-def restore_map_of_run(rc: RunCell, *, target: str = "answer", minimal: bool = True,
-                       progress: Progress = SILENT) -> RestoreMap:
-    """:func:`restore_map` of a run's cell, its cells kept in ``RUN_DIR/restore_map/`` (a rerun reuses them)."""
+def restore_map_of_run(rc: RunCell, *, target: str = "answer", minimal: bool = True, progress: Progress = SILENT,
+                       engine: Engine | None = None) -> RestoreMap:
+    """:func:`restore_map` of a run's cell, its cells kept in ``RUN_DIR/restore_map/`` (a rerun reuses them).
+    ``engine``: one built for the run's model with ``rc.settings`` (default: the model is loaded)."""
     from kvroute.sweep.grid import model_id
     from kvroute.sweep.local import load_engine
 
     slot_condition(target, [])  # a bad target fails before the model loads
-    engine = load_engine(rc.model, rc.settings)
+    engine = engine or load_engine(rc.model, rc.settings)
     m = restore_map(engine, rc.instance, rc.press, rc.ratio, target=target, regime=rc.regime, seed=rc.seed,
                     settings=rc.settings, store=rc.store, model_key=model_id(rc.model), minimal=minimal,
                     progress=progress)
