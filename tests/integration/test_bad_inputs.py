@@ -159,7 +159,13 @@ BAD_PRESSES = [
     ("snapkvv", "did you mean"),
     ("knorm+per_headd", "did you mean"),
     ("snapkv[window_size]", "key=value"),
-    ("knorm+adakv+chunk", "more than one"),
+    ("knorm+adakv+chunk", "only serving constraints may"),
+    # serving constraints (kvroute.presses.constraints)
+    ("knorm+paged[block=0]", "block"),
+    ("knorm+paged[agg=median]", "agg"),
+    ("knorm+criticalkv+paged[block=16]", "per-token scores"),
+    ("knorm+block+uniform", "iteratively"),
+    ("knorm+uniform+uniform", "appears 2 times"),
     ("snapkv[window_size=8", "cannot read"),
     # kvpress presses kvroute cannot run as asked: hub weights not given, a ratio the press decides itself
     ("qfilter", "weights=FOLDER"),

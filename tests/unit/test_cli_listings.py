@@ -53,10 +53,11 @@ def words(text: str) -> set[str]:
 
 def test_presses_list_keeps_every_name_whole_in_a_pipe(columns):
     from kvroute.presses import SCORERS, SELECTIONS
+    from kvroute.presses.constraints import CONSTRAINTS
 
     out = invoke(["presses", "list"])
     assert "…" not in out
-    assert {*SCORERS.names(), *SELECTIONS.names()} <= words(out)
+    assert {*SCORERS.names(), *SELECTIONS.names(), *CONSTRAINTS.names()} <= words(out)
     assert "n_future_positions=512," in words(out)  # a value: whole, not folded
 
 
@@ -67,6 +68,7 @@ def test_presses_list_json_names_every_press():
     assert isinstance(rows, list) and all(isinstance(r, dict) and {"kind", "name"} <= r.keys() for r in rows)
     assert {r["name"] for r in rows if r["kind"] == "scorer"} == set(SCORERS.names())
     assert {r["name"] for r in rows if r["kind"] == "selection"} == set(SELECTIONS.names())
+    assert {r["name"] for r in rows if r["kind"] == "constraint"} == {"paged", "uniform", "layer_budget"}
     assert any(r["kind"] == "kvpress_not_offered" for r in rows)
     snapkv = next(r for r in rows if r["name"] == "snapkv")
     assert snapkv["parameters"] == {"window_size": 64, "kernel_size": 5} and snapkv["source"] == "kvpress"

@@ -28,8 +28,8 @@ app.add_typer(presses_app, name="presses")
 @presses_app.command("list")
 def presses_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON: a list of objects, each with "
-                                                         "a kind (scorer, selection, kvpress_not_offered, "
-                                                         "refused_plugin) and a name.")] = False,
+                                                         "a kind (scorer, selection, constraint, "
+                                                         "kvpress_not_offered, refused_plugin) and a name.")] = False,
 ) -> None:
     ("List the scorers (built-in and installed plugins), the selection strategies, "
      "and kvpress's presses not offered.")
@@ -59,6 +59,7 @@ def presses_list(
             t.add_row(row["name"], _params(row["parameters"]), row["kvpress"] or "- (kvroute's own)",
                       row["description"])
     print_table(t, console)
+    _constraints_table(rows)
     t = Table(title="kvpress presses not offered here")
     for col in ("kvpress", "why"):
         t.add_column(col, overflow="fold")
@@ -74,6 +75,17 @@ def presses_list(
                            "module:Class (a kvpress ScorerPress or kvroute Scorer subclass), or a plugin "
                            "installed under the entry-point group kvroute.presses; check it against kvpress "
                            "with kvroute presses check."))
+
+
+def _constraints_table(rows: list[dict[str, Any]]) -> None:
+    t = Table(title=escape("serving constraints (scorer+selection+constraint+..., "
+                           "e.g. snapkv+paged[block=16]+uniform)"))
+    for col in ("name", "parameters (defaults)", "description"):
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        if row["kind"] == "constraint":
+            t.add_row(row["name"], _params(row["parameters"]), row["description"])
+    print_table(t, console)
 
 
 def _params(parameters: dict[str, Any]) -> str:
@@ -111,6 +123,10 @@ def _press_rows() -> list[dict[str, Any]]:
     rows += [{"kind": "selection", "name": name, "parameters": selection.parameters(),
               "kvpress": kvpress_of.get(name), "description": selection.description}
              for name, selection in SELECTIONS.items()]
+    from kvroute.presses.constraints import CONSTRAINTS
+
+    rows += [{"kind": "constraint", "name": name, "parameters": c.parameters(), "description": c.description}
+             for name, c in CONSTRAINTS.items()]
     rows += [{"kind": "kvpress_not_offered", "name": entry.name, "kvpress": entry.kvpress, "status": entry.status,
               "why": entry.why} for entry in CATALOGUE if not entry.offered and entry.status != "base class"]
     return rows

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvroute.presses.constraints import Constrained, constrained
 from kvroute.presses.keepmask import KeepMask
 from kvroute.presses.scorers import Scorer, build_scorer
 from kvroute.presses.selection import Selection, build_selection, check_ratio
@@ -22,7 +23,8 @@ class Press:
     @property
     def name(self) -> str:
         """Canonical name, e.g. ``expected_attention+adakv`` (parameters only where not default)."""
-        return str(PressSpec(self.scorer.spec(), self.selection.spec()))
+        constraints = self.selection.constraint_specs() if isinstance(self.selection, Constrained) else ()
+        return str(PressSpec(self.scorer.spec(), self.selection.spec(), constraints))
 
     def keep_mask(self, scores: torch.Tensor, ratio: float, aux: Mapping[str, torch.Tensor] | None = None) -> KeepMask:
         """The KeepMask at ``ratio`` from the scorer's ``[L, Hkv, T]`` scores (and the selection's aux scores)."""
@@ -36,6 +38,7 @@ def build_press(spec: str | PressSpec) -> Press:
     ps = parse_press(spec) if isinstance(spec, str) else spec
     scorer = build_scorer(ps.scorer)
     selection = build_selection(ps.selection if ps.selection is not None else scorer.default_selection)
+    selection = constrained(selection, ps.constraints)  # serving constraints wrap the selection (or none)
     selection.fit(scorer)
     selection.check_scorer(scorer)
     return Press(ps, scorer, selection)

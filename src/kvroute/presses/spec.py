@@ -1,4 +1,5 @@
-"""Press specifications: ``scorer`` or ``scorer+selection``, each with optional ``[key=value,...]``.
+"""Press specifications: ``scorer`` or ``scorer+selection``, each with optional ``[key=value,...]``, then any
+serving constraints (``+paged[block=16]+uniform``, see :mod:`kvroute.presses.constraints`).
 
 Examples: ``snapkv``, ``expected_attention+adakv``, ``snapkv[window_size=32]+chunk[chunk_length=256]``,
 ``oracle[base=knorm]+per_head``, ``mypkg.presses:MyPress[alpha=2]+adakv`` (a class by import path,
@@ -19,6 +20,8 @@ from kvroute.errors import ConfigError
 # a name: registered (snapkv), or dotted with a colon (an import path, checked where it is resolved)
 _PART = re.compile(r"^\s*([A-Za-z_][\w.:]*)\s*(?:\[(.*)\])?\s*$")
 DEFAULT_SELECTION = "per_head"
+#: names of the serving constraints (kvroute.presses.constraints registers them; a test holds the two equal)
+CONSTRAINT_NAMES = frozenset({"paged", "uniform", "layer_budget"})
 
 
 def _parse_value(text: str) -> Any:
@@ -61,9 +64,11 @@ class PressSpec:
 
     scorer: ComponentSpec
     selection: ComponentSpec | None = None
+    constraints: tuple[ComponentSpec, ...] = ()  # serving constraints, in order (kvroute.presses.constraints)
 
     def __str__(self) -> str:
-        return str(self.scorer) if self.selection is None else f"{self.scorer}+{self.selection}"
+        parts = [str(self.scorer), *([] if self.selection is None else [str(self.selection)])]
+        return "+".join([*parts, *(str(c) for c in self.constraints)])
 
 
 def _component(text: str, what: str, full: str) -> ComponentSpec:
@@ -102,9 +107,11 @@ def parse_press(text: str) -> PressSpec:
         else:
             cur += ch
     parts.append(cur)
-    if len(parts) > 2:
-        raise ConfigError(f"press {text!r} has more than one '+'; write scorer or scorer+selection")
     scorer = _component(parts[0], "scorer", text)
-    if len(parts) == 1:
-        return PressSpec(scorer)
-    return PressSpec(scorer, _component(parts[1], "selection", text))
+    rest = [_component(p, "selection or constraint", text) for p in parts[1:]]
+    selection = rest.pop(0) if rest and rest[0].name not in CONSTRAINT_NAMES else None
+    for c in rest:
+        if c.name not in CONSTRAINT_NAMES:
+            raise ConfigError(f"press {text!r}: {c.name!r} follows the selection, where only serving constraints "
+                              f"may ({', '.join(sorted(CONSTRAINT_NAMES))}); write scorer+selection+constraint...")
+    return PressSpec(scorer, selection, tuple(rest))
