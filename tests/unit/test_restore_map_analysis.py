@@ -57,3 +57,28 @@ def test_the_finding_is_written_from_the_numbers():
                                {"sets": 2, "jaccard": 1.0, "null": 0.02, "null_q95": 0.1, "p": 0.001})
     assert text.startswith("snapkv at α = 0.9, 2 failures: restoring the answer in slot 0.1 alone recovers 0.90")
     assert "median 1 slots, range 1–1" in text and "agree across instances more than chance" in text
+
+
+def test_one_map_has_no_interval_and_the_finding_says_so():
+    avg = averaged_map([_map([[0.0, 0.6]], None, every="wrong")], n_boot=50)
+    assert avg["low"].isna().all() and avg["high"].isna().all()
+    text = restore_map_finding("knorm", 0.5, avg, minimal_sizes([_map([[0.0, 0.6]], None, every="wrong")]),
+                               {"jaccard": math.nan})
+    assert "1 failure: restoring the answer in slot 0.1 alone recovers 0.60 of" in text
+    assert "one failure gives no interval" in text and "None of the 1 failures is repaired" in text
+
+
+def test_the_report_parts_group_by_press_and_ratio_and_draw_the_map():
+    import pandas as pd
+
+    from kvroute.report.restore_map import restore_map_figure, restore_map_groups, restore_map_html
+
+    maps = [_map([[0.0, 1.0], [0.2, 0.0]], [(0, 1)]), _map([[0.0, 0.5], [0.4, 0.0]], [(0, 1)]),
+            _map([[0.0, 0.0], [0.0, 0.0]], None, failure=False)]  # not a failure: left out
+    groups = restore_map_groups(maps, pd.DataFrame({"press": ["none"]}), n_boot=100, seed=0)
+    assert len(groups) == 1 and len(groups[0]["maps"]) == 2 and groups[0]["retrieval"] is None
+    parts = restore_map_html(groups)
+    assert "slot 0.1 alone recovers 0.75" in parts["findings"] and "<table" in parts["table"]
+    fig = restore_map_figure(groups)
+    assert fig is not None and len(fig.axes) >= 2
+    assert restore_map_figure([]) is None and restore_map_html([]) == {"findings": "", "table": ""}

@@ -59,7 +59,8 @@ def load_maps(store: str | Path, target: str = "answer") -> list[RestoreMap]:
 
 def averaged_map(maps: Sequence[RestoreMap], *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per slot: the mean effect over ``maps`` (each a failure of one instance), its 95% instance-bootstrap
-    interval, the share of maps where the slot alone repairs, and n (maps with a finite effect there)."""
+    interval (NaN with fewer than 2 maps: one instance has no spread to resample), the share of maps where the
+    slot alone repairs, and n (maps with a finite effect there)."""
     if not maps:
         raise AnalysisError("no restore maps to average")
     shapes = {tuple(m.effect.shape) for m in maps}
@@ -74,6 +75,8 @@ def averaged_map(maps: Sequence[RestoreMap], *, n_boot: int = 1000, seed: int = 
         mean = np.nanmean(eff, axis=0)
         boot = np.nanmean(eff[idx], axis=1)  # [n_boot, L, Hkv]
         lo, hi = np.nanpercentile(boot, 2.5, axis=0), np.nanpercentile(boot, 97.5, axis=0)
+    if N < 2:
+        lo, hi = np.full_like(mean, np.nan), np.full_like(mean, np.nan)
     rows = [{"layer": a, "kv_head": b, "effect": float(mean[a, b]), "low": float(lo[a, b]), "high": float(hi[a, b]),
              "repair_share": float(rep[:, a, b].mean()), "n": int(np.isfinite(eff[:, a, b]).sum())}
             for a in range(L) for b in range(Hkv)]
@@ -148,10 +151,12 @@ def restore_map_finding(press: str, ratio: float, avg: pd.DataFrame, sizes: dict
     top = avg.sort_values("effect", ascending=False).iloc[0]
     sig = avg[avg["low"] > 0]
     n = int(top["n"])
-    text = (f"{press} at α = {ratio:g}, {sizes['failures']} failures: restoring the answer in slot "
-            f"{int(top['layer'])}.{int(top['kv_head'])} alone recovers {top['effect']:.2f} "
-            f"[{top['low']:.2f}, {top['high']:.2f}] of the full cache's gold log-probability on average (n = {n}), "
-            f"the largest of the map's {len(avg)} slots; {len(sig)} slots have an interval above 0. ")
+    interval = "" if math.isnan(top["low"]) else f" [{top['low']:.2f}, {top['high']:.2f}]"
+    text = (f"{press} at α = {ratio:g}, {sizes['failures']} failure{'s' if sizes['failures'] != 1 else ''}: "
+            f"restoring the answer in slot {int(top['layer'])}.{int(top['kv_head'])} alone recovers "
+            f"{top['effect']:.2f}{interval} of the full cache's gold log-probability on average (n = {n}), the largest "
+            f"of the map's {len(avg)} slots; " + (f"{len(sig)} slots have an interval above 0. " if interval else
+                                                   "one failure gives no interval. "))
     if sizes["with_set"]:
         text += (f"{sizes['with_set']} failures have a minimal repairing set (median {sizes['median']:g} slots, range "
                  f"{sizes['min']}–{sizes['max']}); {sizes['without_set']} are not repaired even with every slot. ")

@@ -30,11 +30,13 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
                  title: str = "kvroute report", survival: SurvivalExample | None = None,
                  config: AnalysisConfig | None = None, examples_per_ratio: int = 3,
                  tickets: pd.DataFrame | None = None, ticket_images: list[tuple[str, bytes]] | None = None,
-                 restoration: pd.DataFrame | None = None, progress: Progress = SILENT) -> Path:
+                 restoration: pd.DataFrame | None = None, restore_maps: list[Any] | None = None,
+                 progress: Progress = SILENT) -> Path:
     """Analyse ``df`` and write ``report.html``, ``summary.json`` and ``figures/`` into ``out_dir``.
 
     ``restoration``: :func:`kvroute.analysis.restoration.restoration_table` of the run's restored cells (``df``
-    holds the presses' own cells only).
+    holds the presses' own cells only). ``restore_maps``: the run's restoration maps
+    (:func:`kvroute.analysis.restore_map.load_maps` of ``RUN_DIR/restore_map/``).
 
     ``survival`` is one instance's keep-mask for the survival heatmap (the records do not hold
     keep-masks). Sections whose data are missing say so instead of showing a figure. The page is the
@@ -54,7 +56,7 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
     with progress.task("report: drawing the figures", total=len(FIGURES)) as bar:
         r = ReportInput(s, analysis.tables, cfg, df, files, bar.advance, manifest=manifest, survival=survival,
                         examples_per_ratio=examples_per_ratio, tickets=tickets, ticket_images=ticket_images,
-                        restoration=restoration)
+                        restoration=restoration, restore_maps=restore_maps)
         sections = [(sec, sec.render(r)) for _, sec in SECTIONS.items()]
     meta = (f"kvroute {__version__} · {s['n_records']} records · "
             f"bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}")
@@ -90,6 +92,7 @@ def build_run_report(run: str | Path, out_dir: str | Path | None = None, *, titl
     base = run if run.is_dir() else run.parent
     df = load_records(run)
     restoration = restoration_table(load_records(run, with_restored=True))
+    restore_maps = _restore_maps(base)
     if survival_file is None:
         masks = sorted((base / "masks").glob("*.npz"))
         survival_file = masks[0] if masks else None
@@ -104,4 +107,13 @@ def build_run_report(run: str | Path, out_dir: str | Path | None = None, *, titl
     return build_report(df, Path(out_dir) if out_dir is not None else base / "report", manifest=manifest,
                         title=title, config=config, tickets=load_tickets(run),
                         survival=load_survival(survival_file) if survival_file is not None else None,
-                        ticket_images=images, restoration=restoration, progress=progress)
+                        ticket_images=images, restoration=restoration, restore_maps=restore_maps, progress=progress)
+
+
+def _restore_maps(base: Path) -> list[Any]:
+    """The run's restoration maps (``RUN_DIR/restore_map/``, kvroute restore-map), none when it has no map store."""
+    from kvroute.analysis.restore_map import load_maps
+    from kvroute.record_format import STORE_NAME
+    from kvroute.restore_map import MAP_DIR
+
+    return load_maps(base / MAP_DIR) if (base / MAP_DIR / STORE_NAME).is_file() else []

@@ -38,6 +38,7 @@ from kvroute.report.manifest import manifest_html
 from kvroute.report.render import data_uri, png_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
+NO_MAPS = "no restoration maps of failures in this run (kvroute restore-map RUN --instance ID --cell PRESS@RATIO)"
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ReportInput:
     tickets: pd.DataFrame | None = None
     ticket_images: list[tuple[str, bytes]] | None = None
     restoration: pd.DataFrame | None = None
+    restore_maps: list[Any] | None = None  # kvroute.restore_map.RestoreMap of RUN_DIR/restore_map/
 
     def why(self, *sections: str) -> str:
         """The notes of the analysis sections a figure or table draws on: why it is missing."""
@@ -220,6 +222,17 @@ def _decomposition(r: ReportInput) -> dict[str, Any]:
 @section("restoration", "Causal restoration", "5b. Causal restoration: what putting entries back repairs")
 def _restoration(r: ReportInput) -> dict[str, Any]:
     return dict(cfg=r.cfg, table=html(tb.restoration_table(r.restoration)))
+
+
+@section("restore_map", "Restoration maps", "5c. Restoration maps: which (layer, KV head) slots must keep the answer",
+         [("fig-restore-map", "Restoration maps")])
+def _restore_map(r: ReportInput) -> dict[str, Any]:
+    from kvroute.report.restore_map import restore_map_figure, restore_map_groups, restore_map_html
+
+    groups = restore_map_groups(r.restore_maps or [], r.df, n_boot=r.cfg.n_boot, seed=r.cfg.seed)
+    parts = restore_map_html(groups)
+    return dict(findings=html(parts["findings"]), table=html(parts["table"]),
+                figure=r.figure("fig-restore-map", lambda: restore_map_figure(groups), NO_MAPS))
 
 
 @section("consensus", "Layer-wise consensus", "6. Layer-wise head consensus",
