@@ -325,3 +325,41 @@ def test_compactor_scores_depend_on_the_ratio():
     assert build_press("compactor").scorer.ratio_dependent
     assert not build_press("compactor[blending=0.25]").scorer.ratio_dependent
     assert not torch.equal(res.masks[1].mask, frozen)
+
+
+# Serving constraints (kvroute.presses.constraints): kvpress has a counterpart for per_head+paged[block=B]+uniform
+# (mean over the block, sum over heads), ChunkKVPress at chunk_length=B, where the ratio keeps whole chunks;
+# the others are kvroute's own, checked on hand-built scores (tests/unit/test_constraints.py).
+CONSTRAINT_CASES = {"paged": ("knorm", "snapkv[window_size=16]"), "uniform": ("knorm", "snapkv[window_size=16]")}
+OWN_CONSTRAINTS = {"layer_budget"}
+
+
+def test_every_constraint_is_checked_or_declared_own():
+    from kvroute.presses.constraints import CONSTRAINTS
+
+    assert set(CONSTRAINT_CASES) | OWN_CONSTRAINTS == set(CONSTRAINTS.names())
+    assert not set(CONSTRAINT_CASES) & OWN_CONSTRAINTS
+
+
+@pytest.mark.parametrize("scorer", sorted({s for cases in CONSTRAINT_CASES.values() for s in cases}))
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_paged_uniform_is_kvpress_chunkkv_where_the_ratio_keeps_whole_chunks(arch, scorer):
+    """On a context cut to 4 whole blocks, at 0.25/0.5/0.75 (int(T·(1 − α)) = whole chunks), the answers and
+    first-token logits equal kvpress's ChunkKVPress pipeline; at 0.9 the two keep different counts (kvpress one
+    whole chunk, kvroute int(T·0.1) tokens), so kvpress is no reference there."""
+    lm = _model(arch)
+    c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
+    block = len(c) // 4
+    c = c[: 4 * block]  # [T] with T = 4 · block: every chunk whole
+    press = f"{scorer}+paged[block={block}]+uniform"
+    counterpart = build_press(press)
+    for ratio in (0.25, 0.5, 0.75):
+        ref_press = counterpart.selection.kvpress_counterpart(counterpart.scorer, ratio)
+        assert type(ref_press).__name__ == "ChunkKVPress" and ref_press.chunk_length == block
+        engine = Engine(lm, DecodeSettings(max_new_tokens=MAX_NEW_TOKENS, keep_logits=True))
+        res = engine.run(Prompt(c, q, CONTEXT, QUESTION), [Cell(press, ratio)], seed=SEED)
+        assert res.masks[0].mask.sum(-1).unique().tolist() == [int(len(c) * (1 - ratio))]
+        with seeded_kvpress_layers(lm.model, SEED):
+            ref = kvpress_logits(lm, c, q, press, ratio)  # the constraint's own counterpart: ChunkKVPress
+        torch.testing.assert_close(res.outputs[0].logits[0], ref[-1], atol=1e-4, rtol=0,
+                                   msg=lambda m, r=ratio: f"{press} at {r}: {m}")
