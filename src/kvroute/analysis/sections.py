@@ -36,6 +36,7 @@ from kvroute.analysis.league import press_league
 from kvroute.analysis.probe import identity_by_ratio, lens_profiles, probe_by_ratio
 from kvroute.analysis.redundancy import redundancy_table
 from kvroute.analysis.retrieval import retrieval_vs_ger
+from kvroute.analysis.serving import has_constrained, serving_cost
 from kvroute.analysis.settings import AnalysisConfig
 from kvroute.analysis.size import cliff_vs_size
 from kvroute.registry import Registry
@@ -202,6 +203,13 @@ def _consensus_trend(x: SectionInput) -> Tables:
 @section("selection_comparison", ["hallucinated"])
 def _selection_comparison(x: SectionInput) -> Tables:
     return selection_comparison(x.df, n_boot=x.cfg.n_boot, confidence=x.cfg.confidence, seed=x.cfg.seed)
+
+
+# what the server costs: each press against its paged / head-uniform variants (kvroute.presses.constraints)
+@section("serving_cost", ["hallucinated"], ["serving_pairs", "serving_by_ratio", "serving_detect"],
+         applies=lambda x: None if has_constrained(x.df["press"].unique()) else "no press with a serving constraint")
+def _serving_cost(x: SectionInput) -> Tables:
+    return serving_cost(x.df, min_instances=x.cfg.league_min_instances, **x.boot)
 
 
 @section("redundancy", ["evidence_heads", "reachable"], ["redundancy", "redundancy_fit"])

@@ -36,6 +36,7 @@ from kvroute.report.heatmap import SurvivalExample, survival_figure
 from kvroute.report.league import league_html
 from kvroute.report.manifest import manifest_html
 from kvroute.report.render import data_uri, png_bytes
+from kvroute.report.serving import serving_html
 
 TEMPLATES = Path(__file__).parent / "templates"
 NO_MAPS = "no restoration maps of failures in this run (kvroute restore-map RUN --instance ID --cell PRESS@RATIO)"
@@ -275,6 +276,11 @@ def _routes(r: ReportInput) -> dict[str, Any]:
     missing = r.why("selection_comparison") if "selection_comparison" in r.summary["notes"] else NO_ROUTE_PAIRS
     return dict(figure=r.figure("fig-routes", lambda: fx.routes_figure(t.get("selection_comparison")), missing),
                 table=html(tb.table_or_note(t.get("selection_comparison"), tb.ROUTES_COLS, NO_ROUTE_PAIRS)))
+
+
+@section("serving", "What the server costs", "What the server costs: paged and head-uniform constraints")
+def _serving(r: ReportInput) -> dict[str, Any]:
+    return {k: html(v) for k, v in serving_html(r.tables, r.why("serving_cost")).items()}
 
 
 @section("redundancy", "Redundancy", "10. Redundancy: reachability against the heads that keep the evidence",

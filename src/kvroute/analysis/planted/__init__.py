@@ -13,7 +13,7 @@ sets whose 95% interval covers the truth, or None where the estimator gives no i
 from __future__ import annotations
 
 MODULES: tuple[str, ...] = ("cliff", "cliff_shapes", "excess", "decomposition", "ger_link", "consensus", "league",
-                            "probe")
+                            "probe", "serving")
 
 
 def all_coverage(n_sets: int = 200, seed: int = 0, only: tuple[str, ...] | None = None) -> list[dict]:
