@@ -5,7 +5,7 @@ Llama 3, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3); each test here runs over all of
 architecture is checked by adding it to the registry. For each studied (architecture, head size): masked decoding
 equals the pruned cache (kvpress's hooks) and an independent eager forward with 4D masks, batched equals one by one,
 ratio 0 and restoring every entry equal the uncompressed answer, and a couple of presses equal kvpress's pipeline
-token for token. An architecture kvroute cannot study is refused at load in one line.
+token for token. Gemma 3 leaves the layers whole that kvpress leaves whole; a prompt past its window is refused.
 
 The kept-entries kernel (kvroute.engine.kept) is off here except in its own test: PyTorch's kernels give the
 reference numbers, and the kernel is compared with them at the registry's head sizes where it is built.
@@ -44,7 +44,8 @@ def _setup(arch, head_dim):
     return lm, Prompt(c, q, CONTEXT, QUESTION)
 
 
-@pytest.fixture(params=STUDIED, ids=IDS)
+@pytest.fixture(params=[pytest.param(v, marks=pytest.mark.slow) if v[1] in TINY_ARCHITECTURES[v[0]].slow_head_dims
+                        else v for v in STUDIED], ids=IDS)
 def setup(request, monkeypatch):
     monkeypatch.setattr("kvroute.engine.kept.ENABLED", False)  # PyTorch's kernels: the reference numbers
     return _setup(*request.param)
@@ -53,7 +54,8 @@ def setup(request, monkeypatch):
 def test_the_registry_covers_every_architecture_kvpress_supports():
     from kvpress.presses.base_press import SUPPORTED_MODELS
 
-    built = {type(_build_only(a)).__name__.replace("ForCausalLM", "") for a in TINY_ARCHITECTURES}
+    built = {type(_build_only(a)).__name__.replace("ForCausalLM", "").replace("ForConditionalGeneration", "")
+             for a in TINY_ARCHITECTURES}
     for cls in SUPPORTED_MODELS:
         family = cls.__name__.replace("ForCausalLM", "").replace("ForConditionalGeneration", "")
         assert family in built, f"kvpress supports {cls.__name__}; the tiny registry has no {family}"
@@ -80,8 +82,12 @@ def test_the_tiny_models_have_their_architectures_traits():
     phi = build("phi3").model.layers[0].self_attn
     assert hasattr(phi, "qkv_proj") and not hasattr(phi, "q_proj")
     gemma = build("gemma3")
-    assert gemma.config.head_dim == 256 and gemma.config.query_pre_attn_scalar == 256
-    assert {"sliding_attention", "full_attention"} == set(gemma.config.layer_types)
+    assert type(gemma).__name__ == "Gemma3ForConditionalGeneration"  # the class whose sliding layers kvpress skips
+    text = gemma.config.text_config
+    assert text.head_dim == 256 and text.query_pre_attn_scalar == 64  # queries scaled by 1/8, not 256**-0.5
+    assert gemma.model.language_model.layers[0].self_attn.scaling == 64**-0.5
+    assert {"sliding_attention", "full_attention"} == set(text.layer_types)
+    assert type(build("gemma3_text")).__name__ == "Gemma3ForCausalLM"
 
 
 def test_ratio_zero_and_restoring_everything_equal_the_uncompressed_answer(setup):
@@ -160,17 +166,48 @@ def test_scorers_read_the_queries_as_kvpress_does(arch, monkeypatch):
     torch.testing.assert_close(out.logits[0], ref[-1], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("arch,head_dim", tiny_variants(studied=False),
-                         ids=[f"{a}-{d}" for a, d in tiny_variants(studied=False)])
-def test_an_architecture_kvroute_cannot_study_is_refused_at_load_in_one_line(arch, head_dim, tmp_path):
-    folder = save_tiny_model(tmp_path / arch, arch, **TINY_ARCHITECTURES[arch].sizes(head_dim))
-    with pytest.raises(ModelLoadError) as e:
-        load_model(str(folder))
-    msg = str(e.value)
-    assert msg.startswith(f"kvroute cannot study {arch} (") and "\n" not in msg
-    assert "sliding-window" in msg
-    with pytest.raises(ModelLoadError):
-        tiny_model(arch)
+@pytest.mark.parametrize("arch,head_dim,compressed", [("gemma3", 128, (1, 3)), ("gemma3_text", 256, None)])
+def test_gemma3_compresses_the_layers_kvpress_compresses(arch, head_dim, compressed):
+    """kvpress hooks only the global layers of a Gemma3ForConditionalGeneration (Gemma 3 4B-27B) and every layer of
+    any other model (the text-only Gemma 3 1B included): the keep masks leave the same layers whole (all True), each
+    compressed layer keeps what kvpress's pruned cache keeps, and the kept fraction counts the compressed layers."""
+    from transformers import DynamicCache
+
+    from kvroute.engine.reference import kvpress_press
+
+    lm, prompt = _setup(arch, head_dim)
+    assert lm.info.compressed_layers == compressed
+    res = Engine(lm, DecodeSettings(max_new_tokens=1)).run(prompt, [Cell("knorm", 0.5)])
+    mask = res.masks[0]
+    assert mask.layers == compressed
+    cache = DynamicCache(config=lm.model.config)
+    with torch.inference_mode(), kvpress_press("knorm", 0.5, 0)(lm.model):
+        lm.model.model(input_ids=torch.tensor([prompt.context_ids]), past_key_values=cache)
+    T = len(prompt.context_ids)
+    for layer in range(lm.info.num_layers):
+        kept = int(cache.layers[layer].keys.shape[2])
+        assert mask.kept_per_head[layer].tolist() == [kept] * lm.info.num_kv_heads, layer
+        assert (kept == T) == (compressed is not None and layer not in compressed), layer
+    assert mask.kept_fraction == pytest.approx(int(T * 0.5) / T)
+
+
+def test_gemma3_past_its_sliding_window_is_refused_in_one_line(tmp_path):
+    """Inside its sliding window a Gemma 3 sliding layer is full attention; a prompt and answer past it are refused
+    before any cell, in one line naming the window (the context window is the sliding window)."""
+    import json
+
+    from kvroute.errors import PromptTooLongError
+
+    folder = save_tiny_model(tmp_path / "gemma3", "gemma3", **TINY_ARCHITECTURES["gemma3"].sizes(128))
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["sliding_window"] = 48
+    (folder / "config.json").write_text(json.dumps(config))
+    lm = load_model(str(folder))
+    assert lm.info.context_window == 48
+    c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
+    with pytest.raises(PromptTooLongError) as e:
+        Engine(lm, DecodeSettings(max_new_tokens=4)).run(Prompt(c, q, CONTEXT, QUESTION), [Cell("knorm", 0.5)])
+    assert "context window of 48" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("arch", [a for a, spec in TINY_ARCHITECTURES.items() if spec.studied])
@@ -186,8 +223,8 @@ def test_a_folder_of_each_architecture_loads_as_the_tiny_model(arch, tmp_path):
 
 def test_one_sliding_window_over_every_layer_is_the_context_window():
     """Phi-3 mini and Mistral v0.1 slide one window over all layers: inside it that is full attention, and the
-    window is the model's context window (prompts past it are refused as too long); Qwen2's use_sliding_window,
-    windows beside full layers, is refused."""
+    window is the model's context window (prompts past it are refused as too long); so is Qwen2's
+    use_sliding_window, windows beside full layers (kvpress compresses every layer of it)."""
     from kvroute.models.loading import architecture_problem, model_info
     from kvroute.models.tiny import _build
 
@@ -197,7 +234,8 @@ def test_one_sliding_window_over_every_layer_is_the_context_window():
     qwen = _build("qwen2", 0, torch.float32, "sdpa", layers=3)
     qwen.config.layer_types = ["full_attention", "sliding_attention", "sliding_attention"]
     qwen.config.sliding_window = 32
-    assert "sliding-window layers (1, 2 of 3" in architecture_problem(qwen)
+    assert architecture_problem(qwen) is None
+    assert model_info(qwen).context_window == 32 and model_info(qwen).compressed_layers is None
 
 
 @pytest.mark.slow

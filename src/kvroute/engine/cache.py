@@ -14,6 +14,7 @@ class SuffixCache:
     """
 
     is_compileable = False
+    is_initialized = True  # the context is cached (Gemma3ForConditionalGeneration's forward asks, to mask images)
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int,
                  context_len: int, dtype: torch.dtype, device: torch.device) -> None:

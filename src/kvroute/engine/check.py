@@ -76,7 +76,7 @@ class CellComparison:
 
     prompt_id: str
     cell: Cell
-    ours: CellOutput
+    ours: CellOutput | None  # None: kvroute refused the cell (``refused`` says why)
     kvpress_text: str
     kvpress_ids: list[int]
     no_reference: str | None = None  # why kvpress's pipeline did not answer this cell, else None
@@ -85,6 +85,7 @@ class CellComparison:
     exact_ids: list[int] | None = None
     fake_key_leak: float | None = None  # the largest attention weight a query put on kvpress's fake keys
     leak_layer: int | None = None
+    refused: str | None = None  # why kvroute computed no output for this cell (a press that refuses the model)
 
     @property
     def answered(self) -> bool:
@@ -93,10 +94,13 @@ class CellComparison:
 
     @property
     def comparable(self) -> bool:
-        return self.answered or self.masks_equal is not None
+        """Something to compare: kvpress answered (kvroute refusing then disagrees), or the fake-key masks."""
+        return self.answered or (self.masks_equal is not None and self.ours is not None)
 
     @property
     def agrees(self) -> bool:
+        if self.ours is None:
+            return False
         tokens = not self.answered or (self.ours.tokens == self.kvpress_ids and self.ours.text == self.kvpress_text)
         return self.comparable and self.masks_equal is not False and tokens
 
@@ -104,11 +108,15 @@ class CellComparison:
     def agrees_exactly_masked(self) -> bool:
         """Disagrees, but only because kvpress's fake keys took attention: masked exactly, kvpress answers as
         kvroute."""
-        return not self.agrees and self.masks_equal is True and self.exact_ids == self.ours.tokens
+        return (not self.agrees and self.masks_equal is True and self.ours is not None
+                and self.exact_ids == self.ours.tokens)
 
     def describe(self) -> str:
         where = f"{self.prompt_id} {self.cell.press}@{self.cell.ratio:g}"
         masks = "" if self.masks_equal is None else f" (keep masks {'equal' if self.masks_equal else 'DIFFER'})"
+        if self.ours is None:
+            theirs = f"kvpress: {self.no_reference}" if not self.answered else f"kvpress {self.kvpress_ids}"
+            return f"{where}: kvroute refused ({self.refused}); {theirs}"
         if not self.answered:
             return f"{where}: no kvpress answer: {self.no_reference}{masks}"
         line = (f"{where}: kvpress {self.kvpress_text!r} {self.kvpress_ids} vs kvroute {self.ours.text!r} "
@@ -229,12 +237,11 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
     lm = engine.lm
     pipe = pipeline or kvpress_pipeline(lm)
     t0 = time.perf_counter()
-    res = engine.run(prompt, list(cells), seed=seed, question_window=prompt.question_window)
+    # a press that refuses the model (kvzip on Gemma 3, as kvpress refuses it) fails its cells, not the comparison
+    res = engine.run(prompt, list(cells), seed=seed, question_window=prompt.question_window, cell_errors=True)
     t_ours = time.perf_counter() - t0
     out, t_ref = [], 0.0
     for i, (cell, ours) in enumerate(zip(cells, res.outputs, strict=True)):
-        if ours is None:  # only with cell_errors=True, which this run does not ask for
-            raise EngineError(f"cell {cell.press} @ {cell.ratio}: {res.errors.get(i, 'no output')}")
         t0 = time.perf_counter()
         mask = res.masks[i]
         theirs = None
@@ -255,8 +262,10 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
             why = f"{KVPRESS_FAILED}{error_reason(e)}"
         finally:
             t_ref += time.perf_counter() - t0
-        comparison = CellComparison(prompt_id, cell, ours, text, ids, no_reference=why, masks_equal=equal)
-        if equal and not comparison.agrees:  # same masks, other answer: how much do kvpress's fake keys leak?
+        comparison = CellComparison(prompt_id, cell, ours, text, ids, no_reference=why, masks_equal=equal,
+                                    refused=res.errors.get(i) if ours is None else None)
+        # same masks, other answer: how much do kvpress's fake keys leak?
+        if equal and not comparison.agrees and ours is not None:
             t0 = time.perf_counter()
             with FakeKeyProbe(exact=True) as probe:
                 _, exact = kvpress_answer_ids(lm, prompt, cell.press, cell.ratio, seed=seed, pipeline=pipe,

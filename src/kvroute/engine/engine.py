@@ -196,14 +196,15 @@ class Engine:
                     mask = KeepMask(full.mask, c.press if c.press != NO_PRESS else NO_PRESS, c.ratio)
                 else:
                     aux = {name: pre.scores[k] for name, k in aux_keys.get(i, {}).items()}
-                    mask = self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio, aux)
+                    mask = self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio, aux,
+                                                         self.lm.info.compressed_layers)
                 if c.restore:
                     cond = Restore.parse(c.restore)
                     restored = cond.apply(mask, answer or [], ev, seed=seed,
                                           consensus=consensus(pre, q_ids) if cond.target == "consensus" else None,
                                           retrieval=self._retrieval_kv() if cond.needs_retrieval_heads else None,
                                           distractors=distractors)
-                    mask = restored if i in cell_key else mask
+                    mask = restored.with_layers(mask.layers) if i in cell_key else mask
                 masks.append(mask)
             except CELL_ERRORS as e:
                 if not cell_errors:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from kvroute.models.layers import base_model, decoder_layers
+from kvroute.models.layers import base_model, decoder_layers, layer_rotary
 from kvroute.models.queries import query_projection
 
 __all__ = ["REUSE_ROWS", "attention_hooks", "base_model", "decoder_layers", "RowReuse"]
@@ -38,7 +38,7 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any],
         for layer in decoder_layers(model):
             attn: Any = layer.self_attn  # read for its dynamic attributes (rotary_emb)
             if not hasattr(attn, "rotary_emb") and hasattr(base, "rotary_emb"):
-                attn.rotary_emb = base.rotary_emb
+                attn.rotary_emb = layer_rotary(model, attn)  # (Gemma 3: its layer type's)
                 attached.append(attn)
             handles.append(attn.register_forward_hook(hook, with_kwargs=True))
             proj = query_projection(attn)

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from kvroute.config import DEFAULT_MAX_NEW_TOKENS
+from kvroute.models.layers import DefaultLayerType, base_model, decoder_layers
 from kvroute.presses import build_press
 
 if TYPE_CHECKING:
@@ -54,16 +55,22 @@ class _attn:
     """The attention kvpress's side runs with, for the duration of a call (then restored).
 
     - observed_attention in kvpress needs eager attention weights: eager for such presses.
+    - Gemma 3's rotary module needs a layer type (transformers 5.2) that kvpress's scorers (Expected Attention and
+      others reading ``module.rotary_emb``) do not pass: they raise AttributeError. For the call, calls without one
+      read the global layers' (the layers kvpress compresses in Gemma3ForConditionalGeneration).
     - Presses whose layers keep different numbers of entries (pyramid, chunkkv's partial chunk) leave a
       cache whose layers differ in length. transformers 5.2 builds one causal mask from layer 0's length,
       so sdpa fails on the other layers (size mismatch) and eager crops the mask from the wrong end (the
       question's causal triangle shifts). The model's own attention function (as kvpress patched it, fake
       keys included) is therefore called through a wrapper that aligns the causal mask to each layer's own
-      key length. Where all layers have one length the mask is passed on untouched.
+      key length. Where all layers have one length the mask is passed on untouched. Gemma 3 (global layers
+      pruned, sliding layers whole) gets a mask of the global layers' length built from the sliding layer's
+      position: every question token sees the whole question there; the wrapper restores the causal triangle.
     """
 
     def __init__(self, lm: LoadedModel, spec: str | None) -> None:
-        self.cfg = lm.model.config
+        self.model = lm.model
+        self.cfg = lm.model.config.get_text_config()  # the config the attention layers read (Gemma 3's text_config)
         self.eager = bool(spec) and build_press(spec).scorer.needs_attentions  # type: ignore[arg-type]
 
     def __enter__(self) -> None:
@@ -71,6 +78,11 @@ class _attn:
 
         self.prev = self.cfg._attn_implementation
         self.head_dim_set = False
+        self.rotary = getattr(base_model(self.model), "rotary_emb", None)
+        if not hasattr(self.rotary, "full_attention_inv_freq"):
+            self.rotary = None
+        if self.rotary is not None:  # Gemma 3: kvpress's scorers call its rotary without a layer type
+            base_model(self.model).rotary_emb = DefaultLayerType(self.rotary, "full_attention")
         if self.eager:  # transformers' eager is each model's own function, not in the registry (nor patched by kvpress)
             self.cfg._attn_implementation = "eager"
             return
@@ -90,6 +102,8 @@ class _attn:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         self.cfg._attn_implementation = self.prev
+        if self.rotary is not None:
+            base_model(self.model).rotary_emb = self.rotary
         if self.head_dim_set:
             del self.cfg.head_dim
         if not self.eager:
@@ -104,7 +118,10 @@ def _aligned_mask(inner: Any) -> Any:
     def forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
         q, k = query.shape[2], key.shape[2]
-        if attention_mask is not None and attention_mask.shape[-1] != k:
+        # a mask of another length, or (Gemma 3: positions from a whole sliding layer over a pruned global one's keys)
+        # of this length but not the question's causal triangle: one prompt, no padding, so the triangle is the mask
+        if attention_mask is not None and (attention_mask.shape[-1] != k or 1 < q < k and not bool(
+                (_allowed(attention_mask, query, k) == _causal(q, k, query.device)).all())):
             allowed = _causal(q, k, query.device)
             if attention_mask.dtype == torch.bool:
                 attention_mask = allowed
@@ -210,7 +227,7 @@ def kvpress_logits(lm: LoadedModel, context_ids: list[int], question_ids: list[i
         T = ctx.shape[1]
         pos = torch.arange(T, T + q.shape[1], device=device).unsqueeze(0)
         out = model(input_ids=q, past_key_values=cache, position_ids=pos)
-    for layer in model.model.layers:  # AdaKV leaves its indices on the modules; do not let them leak
+    for layer in decoder_layers(model):  # AdaKV leaves its indices on the modules; do not let them leak
         if hasattr(layer.self_attn, "masked_key_indices"):
             layer.self_attn.masked_key_indices = None
     return out.logits[0].float()

@@ -265,7 +265,8 @@ class Accessibility(Metric):
             return {k: None for k in self.fields}
         m_ev, f_ev = mass(a, ev), mass(f, ev)  # [L, H]
         eps = visible_threshold(ctx)  # [L, H]
-        reach = bool((a[..., ev].max(-1).values > eps.to(a.device)).any())
+        # reachable through a compressed layer (a layer left whole reaches the evidence as the full cache does)
+        reach = bool((ctx.compressed(a)[..., ev].max(-1).values > ctx.compressed(eps).to(a.device)).any())
         gen = ctx.output.generated_mass.get("evidence")
         return {
             "evidence_attention_mass": float(m_ev.mean()),
@@ -405,6 +406,11 @@ class RoutedReachability(Metric):
         else:
             sources = share[..., None]
         stats = layer_statistics(a, sources)  # [S, 2L]
+        # read over the compressed layers only (all L unless the press leaves some whole, as Gemma 3's sliding
+        # layers): a layer left whole reaches the evidence as the full cache does. From here L is their number
+        depth = ctx.layers or list(range(L))  # the model's index of each layer read
+        stats = stats[:, depth + [L + i for i in depth]]  # [S, 2L']
+        hit, L = ctx.compressed(hit), len(depth)
         # the pooled statistic (the routed read over every layer and head) is the mean of the per-layer reads
         pooled_mass = stats[:, L:].double().mean(dim=1)
         m_ev = float(pooled_mass[0])
@@ -412,7 +418,7 @@ class RoutedReachability(Metric):
         ind = (sources[0] > 0).float()  # [T, S]: layer 0's input is each source's indicator
         test = max_test(stats, ctx.settings.route_alpha, overlap=(ind.T @ ind) > 0)
         col = test.pop("routed_column")
-        return {**test, "routed_layer": None if col is None else col % L + 1,
+        return {**test, "routed_layer": None if col is None else depth[col % L] + 1,
                 "routed_kind": None if col is None else ("direct" if col < L else "rollout"),
                 "routed_reachable_pooled": pooled["routed_reachable"], "routed_p_pooled": pooled["routed_p"],
                 "routed_z_pooled": pooled["routed_z"], "routed_evidence_mass": m_ev,

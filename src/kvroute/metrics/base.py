@@ -56,6 +56,19 @@ class CellContext:
     def T(self) -> int:
         return self.prompt.n_context
 
+    @property
+    def layers(self) -> list[int] | None:
+        """The layers the cell's press compressed (the keep mask's ``layers``; None: every layer). The keep-mask
+        metrics (kept fraction, GER, reachability) are read over these: a layer left whole (Gemma 3's sliding
+        layers) neither evicts nor loses evidence, and would otherwise dilute the ratio's effect."""
+        layers = getattr(self.mask, "layers", None)
+        return None if layers is None else list(layers)
+
+    def compressed(self, per_layer: torch.Tensor) -> torch.Tensor:
+        """``per_layer`` (layers first: ``[L, ...]``) restricted to :attr:`layers` (``[L', ...]``)."""
+        layers = self.layers
+        return per_layer if layers is None else per_layer[layers]
+
     def context_positions(self, positions: list[int]) -> list[int]:
         return [p for p in positions if 0 <= p < self.T]
 

@@ -54,7 +54,7 @@ class Retention(Metric):
               "ger_layer", "evidence_heads", "answer_heads")
 
     def compute(self, ctx: CellContext) -> dict[str, Any]:
-        m = ctx.mask.mask
+        m = ctx.mask.compressed  # [L', Hkv, T]: the compressed layers (all L but where a press leaves some whole)
         ans = ctx.context_positions(ctx.prompt.answer_positions)
         ev = ctx.context_positions(ctx.prompt.evidence_positions)
         return {
@@ -64,7 +64,7 @@ class Retention(Metric):
             "ger_all_layers": ger_all_layers(m, ans),
             "ger_evidence": ger(m, ev),
             "ger_evidence_all_layers": ger_all_layers(m, ev),
-            "ger_layer": ger_per_layer(m, ans),
+            "ger_layer": ger_per_layer(ctx.mask.mask, ans),  # every layer, by index (a layer left whole: 0)
             "evidence_heads": heads_retaining(m, ev),
             "answer_heads": heads_retaining(m, ans),
         }

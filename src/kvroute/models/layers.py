@@ -6,6 +6,7 @@ their own (KVzip's replay, kvpress's per-layer presses); they import nothing of 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch import nn
@@ -23,3 +24,29 @@ def base_model(model: nn.Module) -> nn.Module:
     """The transformer without its LM head (what kvpress prefills with)."""
     base: Any = model.model if hasattr(model, "model") else model
     return getattr(base, "language_model", base)
+
+
+def layer_rotary(model: nn.Module, attn: nn.Module) -> Any:
+    """The rotary embedding attention module ``attn`` of ``model`` applies, as ``rotary(x, position_ids)``.
+
+    kvpress's scorers call ``module.rotary_emb(x, position_ids)``; Gemma 3 keeps one rotary module for two layer
+    types (sliding layers: base 10k, global ones: 1M) whose forward needs ``layer_type`` (transformers 5.2), so its
+    layers get the rotary bound to their own type. Other models: the model's rotary module itself."""
+    rotary: Any = base_model(model).rotary_emb
+    layer_type = getattr(attn, "layer_type", None)
+    if layer_type is None or not hasattr(rotary, f"{layer_type}_inv_freq"):
+        return rotary
+    return functools.partial(rotary, layer_type=layer_type)
+
+
+class DefaultLayerType(nn.Module):
+    """A Gemma 3 rotary module whose calls without ``layer_type`` read ``layer_type`` (what kvpress's scorers, which
+    pass none, need on the global layers it compresses); calls with one pass it on."""
+
+    def __init__(self, inner: nn.Module, layer_type: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.layer_type = layer_type
+
+    def forward(self, x: Any, position_ids: Any, layer_type: str | None = None) -> Any:
+        return self.inner(x, position_ids, layer_type or self.layer_type)

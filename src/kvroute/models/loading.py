@@ -42,6 +42,8 @@ class ModelInfo:
     head_dim: int  # D
     context_window: int
     num_params: int
+    # the layers a press compresses, as kvpress hooks them (None: every layer; Gemma 3's global layers only)
+    compressed_layers: tuple[int, ...] | None = None
 
     @property
     def group_size(self) -> int:
@@ -86,15 +88,30 @@ def sliding_layers(config: Any) -> tuple[list[bool], int | None]:
     return sliding, window if any(sliding) else None
 
 
+def compressed_layers(model: Any) -> tuple[int, ...] | None:
+    """The layers kvpress compresses in ``model`` (None: every layer).
+
+    kvpress 0.5.5 hooks every decoder layer, except the sliding-window layers of a
+    ``Gemma3ForConditionalGeneration`` (Gemma 3 4B-27B; ``BasePress.__call__`` skips ``self_attn.is_sliding``):
+    only its global layers are compressed, each by the press's ratio, and the sliding layers keep their whole
+    cache. A text-only ``Gemma3ForCausalLM`` (Gemma 3 1B) has every layer compressed, as any model."""
+    from kvroute.models.layers import decoder_layers
+
+    if type(model).__name__ != "Gemma3ForConditionalGeneration":
+        return None
+    layers = decoder_layers(model)
+    return tuple(i for i, layer in enumerate(layers) if not getattr(layer.self_attn, "is_sliding", False))
+
+
 def model_info(model: Any) -> ModelInfo:
-    """The shape facts of ``model``. Where every layer attends through one sliding window, the context window is
+    """The shape facts of ``model``. Where a layer attends through a sliding window, the context window is
     that window (a prompt and answer inside it see every token, as full attention does)."""
     cfg = _text_config(model)
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     window = int(getattr(cfg, "max_position_embeddings", 0) or 0)
     sliding, size = sliding_layers(cfg)
-    if size is not None and all(sliding):
+    if size is not None and any(sliding):  # past the window a sliding layer no longer sees the whole context
         window = min(window, int(size)) if window else int(size)
     return ModelInfo(
         architecture=cfg.model_type,
@@ -104,26 +121,22 @@ def model_info(model: Any) -> ModelInfo:
         head_dim=head_dim,
         context_window=window,
         num_params=sum(p.numel() for p in model.parameters()),
+        compressed_layers=compressed_layers(model),
     )
 
 
 def architecture_problem(model: Any) -> str | None:
     """What kvroute lacks to study ``model``'s architecture, in words (None: nothing).
 
-    kvroute's keep masks, GER and reachability are defined over a context every layer sees whole, through one
-    query projection (``q_proj``, or Phi-3's fused ``qkv_proj``) and plain softmax attention: layers of a sliding
-    window beside global ones (Gemma 3, Qwen2 with ``use_sliding_window``) and soft-capped attention logits
-    (Gemma 2) are not modelled yet. One window over every layer is (the context window is then that window)."""
+    kvroute's keep masks, GER and reachability are defined over a context every compressed layer sees whole, through
+    one query projection (``q_proj``, or Phi-3's fused ``qkv_proj``) and plain softmax attention. Sliding-window
+    layers are studied where the prompt and answer fit inside the window (the context window is then that window:
+    :func:`model_info`), compressed or left whole as kvpress does (:func:`compressed_layers`); soft-capped attention
+    logits (Gemma 2) are not modelled."""
     from kvroute.models.layers import decoder_layers
     from kvroute.models.queries import query_projection
 
     cfg = _text_config(model)
-    sliding, window = sliding_layers(cfg)
-    if any(sliding) and not all(sliding):
-        which = ", ".join(str(i) for i, s in enumerate(sliding) if s)
-        return (f"its sliding-window layers ({which} of {len(sliding)}, a window of {window} tokens) see only the last "
-                f"{window} tokens beside full-attention layers, while kvroute's keep masks, GER and reachability "
-                "assume every layer sees the whole context (kvpress compresses only the global layers of such models)")
     cap = getattr(cfg, "attn_logit_softcapping", None)
     if cap is not None:
         return (f"its attention logits are soft-capped (attn_logit_softcapping={cap}), which kvroute's masked "
@@ -146,8 +159,9 @@ def check_architecture(model: Any, name: str) -> None:
     problem = architecture_problem(model)
     if problem:
         arch = getattr(_text_config(model), "model_type", type(model).__name__)
-        raise ModelLoadError(f"kvroute cannot study {name} ({arch}) yet: {problem}; models whose layers all attend "
-                             "to the whole context (Llama, Mistral, Qwen2, Qwen3, Phi-3) are supported")
+        raise ModelLoadError(f"kvroute cannot study {name} ({arch}) yet: {problem}; models whose layers attend to "
+                             "the whole context, or to a sliding window the prompt fits in (Llama, Mistral, Qwen2, "
+                             "Qwen3, Phi-3, Gemma 3), are supported")
 
 
 _DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")

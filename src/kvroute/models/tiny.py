@@ -6,10 +6,10 @@ chat template and offset mappings, so prompt building and span alignment run on 
 as with the embedded models.
 
 :data:`TINY_ARCHITECTURES` is the registry: one entry per architecture (Llama, Llama 3, Mistral,
-Qwen2, Qwen3, Phi-3, Gemma 3), each with the realistic traits of its family (RoPE scaling, biases,
-q/k norms, a fused qkv projection, sliding-window layers) and the head sizes it is built at
-(:func:`tiny_variants`), so tests parametrise over all of them without a hand list. ``"llama"`` and
-``"qwen2"`` keep their original small shape (head size 16) as :func:`tiny_model`'s defaults.
+Qwen2, Qwen3, Phi-3, Gemma 3 as kvpress's Gemma3ForConditionalGeneration and as the text-only 1B), each with the
+realistic traits of its family (RoPE scaling, biases, q/k norms, a fused qkv projection, sliding-window layers)
+and the head sizes it is built at (:func:`tiny_variants`), so tests parametrise over all of them without a hand
+list. ``"llama"`` and ``"qwen2"`` keep their original small shape (head size 16) as :func:`tiny_model`'s defaults.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ class TinyArchitecture:
     head_dim: int | None = None  # the default head size (None: hidden // heads, the original llama and qwen2's 16)
     studied: bool = True
     traits: tuple[str, ...] = field(default=())  # what of the family it has, in words
+    # head sizes whose registry-parametrised tests run in the slow tier (for their seconds: every one is tested there)
+    slow_head_dims: tuple[int, ...] = ()
 
     def sizes(self, head_dim: int) -> dict[str, int]:
         """:func:`tiny_model`'s size arguments for the registry's variant at ``head_dim``."""
@@ -126,15 +128,31 @@ def _phi3(common: dict[str, Any], head_dim: int) -> Any:
                       rope_theta=10000.0, sliding_window=None, original_max_position_embeddings=4096)
 
 
-def _gemma3(common: dict[str, Any], head_dim: int) -> Any:
+def _gemma3_text(common: dict[str, Any], head_dim: int) -> Any:
     from transformers import Gemma3TextConfig
 
-    # Gemma 3's pattern at a tiny scale: sliding-window layers around one global layer, queries pre-scaled by
-    # query_pre_attn_scalar (= head size, as in Gemma 3 1B), q/k norms
+    # Gemma 3's pattern at a tiny scale: sliding-window layers beside global ones (every other layer global, where
+    # Gemma 3 has one in six), a window of 512 tokens (Gemma 3 1B's), queries pre-scaled by query_pre_attn_scalar
+    # (hidden // heads, as Gemma 3 27B's 168 with head size 128: not the head size, so a scale of D**-0.5 anywhere
+    # shows), q/k norms
     layers = common["num_hidden_layers"]
-    types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
-    return Gemma3TextConfig(**common, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=16,
+    types = ["full_attention" if i % 2 else "sliding_attention" for i in range(layers)]
+    scalar = common["hidden_size"] // common["num_attention_heads"]
+    return Gemma3TextConfig(**common, head_dim=head_dim, query_pre_attn_scalar=scalar, sliding_window=512,
                             layer_types=types, attn_logit_softcapping=None, final_logit_softcapping=None)
+
+
+def _gemma3(common: dict[str, Any], head_dim: int) -> Any:
+    from transformers import Gemma3Config, SiglipVisionConfig
+
+    # Gemma 3 4B-27B: the language model inside Gemma3ForConditionalGeneration, the class kvpress supports (and whose
+    # sliding-window layers it leaves whole), with the smallest vision tower the config allows (never run here)
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    text = _gemma3_text(common, head_dim)
+    return Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                        eos_token_id=common["eos_token_id"], pad_token_id=common["pad_token_id"],
+                        tie_word_embeddings=False)
 
 
 #: every architecture of the tiny test models, by name (see the module doc)
@@ -142,15 +160,18 @@ TINY_ARCHITECTURES: dict[str, TinyArchitecture] = {a.name: a for a in (
     TinyArchitecture("llama", "SmolLM2, Llama 2", _llama, 4, 2, 64, (64, 256), traits=("GQA 2:1",)),
     TinyArchitecture("llama3", "Llama 3 / 3.1 8B", _llama3, 8, 2, 256, (128, 64), head_dim=128,
                      traits=("llama3 RoPE scaling", "GQA 4:1")),
-    TinyArchitecture("mistral", "Mistral 7B v0.3", _mistral, 8, 2, 256, (128,), head_dim=128, traits=("GQA 4:1",)),
+    TinyArchitecture("mistral", "Mistral 7B v0.3", _mistral, 8, 2, 256, (128, 64, 256), head_dim=128,
+                     traits=("GQA 4:1",), slow_head_dims=(256,)),
     TinyArchitecture("qwen2", "Qwen2.5", _qwen2, 4, 2, 64, (64, 128), traits=("q/k/v biases", "GQA 2:1")),
     TinyArchitecture("qwen3", "Qwen3", _qwen3, 8, 2, 256, (128, 64), head_dim=128, traits=("q/k norms", "GQA 4:1")),
     TinyArchitecture("phi3", "Phi-3 mini / medium", _phi3, 4, 2, 256, (64, 128), head_dim=64,
                      traits=("fused qkv_proj", "GQA 2:1")),
-    TinyArchitecture("gemma3", "Gemma 3 1B", _gemma3, 4, 1, 256, (256,), layers=4, head_dim=256,
-                     studied=False,
-                     traits=("sliding-window and global layers", "query_pre_attn_scalar", "q/k norms",
-                             "GQA 4:1")),
+    TinyArchitecture("gemma3", "Gemma 3 4B-27B", _gemma3, 4, 1, 256, (256, 128), layers=4, head_dim=256,
+                     traits=("Gemma3ForConditionalGeneration", "sliding-window layers left whole",
+                             "query_pre_attn_scalar", "q/k norms", "GQA 4:1"), slow_head_dims=(256,)),
+    TinyArchitecture("gemma3_text", "Gemma 3 1B", _gemma3_text, 4, 1, 256, (256,), layers=4, head_dim=256,
+                     traits=("Gemma3ForCausalLM", "sliding-window layers compressed", "query_pre_attn_scalar",
+                             "q/k norms", "GQA 4:1"), slow_head_dims=(256,)),
 )}
 
 

@@ -26,11 +26,17 @@ class Press:
         constraints = self.selection.constraint_specs() if isinstance(self.selection, Constrained) else ()
         return str(PressSpec(self.scorer.spec(), self.selection.spec(), constraints))
 
-    def keep_mask(self, scores: torch.Tensor, ratio: float, aux: Mapping[str, torch.Tensor] | None = None) -> KeepMask:
-        """The KeepMask at ``ratio`` from the scorer's ``[L, Hkv, T]`` scores (and the selection's aux scores)."""
+    def keep_mask(self, scores: torch.Tensor, ratio: float, aux: Mapping[str, torch.Tensor] | None = None,
+                  layers: tuple[int, ...] | None = None) -> KeepMask:
+        """The KeepMask at ``ratio`` from the scorer's ``[L, Hkv, T]`` scores (and the selection's aux scores).
+
+        ``layers``: the layers the press compresses (:attr:`~kvroute.models.loading.ModelInfo.compressed_layers`;
+        None: all). The selection decides every layer as kvpress's hooks would (each layer by its own index: a
+        pyramid's budgets stay those of the layer's depth), then the other layers are left whole, as kvpress skips
+        their hooks."""
         ratio = check_ratio(ratio)
         mask = self.selection.select_aux(scores, ratio, aux) if aux else self.selection.select(scores, ratio)
-        return KeepMask(mask, self.name, ratio)
+        return KeepMask(mask, self.name, ratio).with_layers(layers)
 
 
 def build_press(spec: str | PressSpec) -> Press:

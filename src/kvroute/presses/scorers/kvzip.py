@@ -96,6 +96,8 @@ class KVzipScorer(KvpressScorer):
         from kvroute.models.layers import base_model, decoder_layers
 
         model: Any = x.model  # a transformers causal LM
+        if any(c.__name__ == "Gemma3PreTrainedModel" for c in type(model).__mro__):
+            raise EngineError("kvpress's KVzipPress does not support Gemma 3 (it refuses Gemma3PreTrainedModel models)")
         press = self.press
         T = x.context_ids.shape[1]
         self.check(T)
