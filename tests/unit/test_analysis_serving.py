@@ -67,4 +67,6 @@ def test_the_variant_of_the_other_sign_is_a_gain_not_a_cost():
     df = ps.simulate(48, 0.1, rng, costs={"uniform": -0.15})  # the variant's cliff comes later
     pairs, _, detect = serving_cost(df, n_boot=300)
     assert pairs.iloc[0]["difference"] < 0 and "the constraint gains" in pairs.iloc[0]["finding"]
-    assert detect.iloc[0]["smallest_detected"] is None
+    assert detect.iloc[0]["smallest_detected"] is None and "shows a decided cost" in detect.iloc[0]["finding"]
+    few = serving_cost(df[df["instance_id"].isin(["i0", "i1", "i2"])], n_boot=100)[2]
+    assert "cannot decide — fewer than 10 shared instances" in few.iloc[0]["finding"]

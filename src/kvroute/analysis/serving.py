@@ -155,7 +155,7 @@ def serving_cost(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.
         raise AnalysisError("no press appears both unconstrained and with a serving constraint "
                             "(e.g. snapkv and snapkv+paged[block=16]) at two or more common ratios")
     pt = pd.DataFrame(pairs, columns=PAIR_COLUMNS)
-    return pt, pd.DataFrame(by_ratio, columns=RATIO_COLUMNS), detection(pt)
+    return pt, pd.DataFrame(by_ratio, columns=RATIO_COLUMNS), detection(pt, min_instances)
 
 
 def _by_ratio(plain: pd.DataFrame, gv: pd.DataFrame, grid: list[float], has_ger: bool, *, n_boot: int,
@@ -187,8 +187,9 @@ def _by_ratio(plain: pd.DataFrame, gv: pd.DataFrame, grid: list[float], has_ger:
     return out
 
 
-def detection(pairs: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, regime, press, head layout): the smallest page size whose variant is decided costlier."""
+def detection(pairs: pd.DataFrame, min_instances: int = 10) -> pd.DataFrame:
+    """Per (model, regime, press, head layout): the smallest page size whose variant is decided costlier
+    (None: none is; "cannot decide" where every variant has fewer than ``min_instances`` shared instances)."""
     rows = []
     for (model, regime, press, uniform), g in pairs.groupby(["model", "regime", "press", "uniform"], sort=True):
         g = g.sort_values("page")
@@ -197,10 +198,15 @@ def detection(pairs: pd.DataFrame) -> pd.DataFrame:
         smallest = int(hit["page"].iloc[0]) if len(hit) else None
         layout = "head-uniform" if uniform else "per head"
         tested = ", ".join(str(p) for p in pages)
-        finding = (f"{press} ({model}, {regime}), {layout}: the cost is detectable from page size {smallest} "
-                   f"(page sizes tested: {tested}; 1 = token granularity)" if smallest is not None else
-                   f"{press} ({model}, {regime}), {layout}: no cost detectable at the page sizes tested ({tested}; "
-                   "1 = token granularity)")
+        who = f"{press} ({model}, {regime}), {layout}"
+        if smallest is not None:
+            finding = (f"{who}: the cost is detectable from page size {smallest} (page sizes tested: {tested}; "
+                       "1 = token granularity)")
+        elif (g["n_shared"] < min_instances).all():
+            finding = f"{who}: cannot decide — fewer than {min_instances} shared instances at every page size"
+        else:
+            finding = (f"{who}: no page size tested ({tested}; 1 = token granularity) shows a decided cost — "
+                       "none detectable at this number of instances")
         rows.append({"model": model, "regime": regime, "press": press, "layout": layout, "pages_tested": tested,
                      "smallest_detected": smallest, "finding": finding})
     return pd.DataFrame(rows, columns=DETECT_COLUMNS)

@@ -33,9 +33,9 @@ def serving_html(tables: dict[str, pd.DataFrame], missing: str) -> dict[str, str
             "by_ratio": h.table(by_ratio, RATIO_COLS) if by_ratio is not None and not by_ratio.empty else ""}
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any, signed: bool) -> str:
     if isinstance(v, float):
-        return "–" if math.isnan(v) else f"{v:+.3f}" if abs(v) < 10 else f"{v:.3g}"
+        return "–" if math.isnan(v) else f"{v:+.3f}" if signed else f"{v:.3g}"
     return "–" if v is None else str(v)
 
 
@@ -43,7 +43,7 @@ def _md(df: pd.DataFrame, cols: Sequence[tuple[str, str]]) -> list[str]:
     cols = [c for c in cols if c[0] in df.columns]
     out = ["| " + " | ".join(hd for _, hd in cols) + " |", "|" + "---|" * len(cols)]
     for r in df.to_dict(orient="records"):
-        out.append("| " + " | ".join(_cell(r[k]) for k, _ in cols) + " |")
+        out.append("| " + " | ".join(_cell(r[k], k.startswith(("d", "ger_d"))) for k, _ in cols) + " |")
     return out
 
 
