@@ -231,6 +231,11 @@ def kvpress_answer_ids(lm: LoadedModel, prompt: ReferencePrompt, spec: str, rati
     return text, ids
 
 
+#: what kvpress's own code raises where it cannot run a cell: its asserts and checks, and its failures on a model it
+#: does not handle (FinchPress on Gemma3ForConditionalGeneration: AttributeError, then UnboundLocalError, a NameError)
+KVPRESS_ERRORS = (AssertionError, ValueError, RuntimeError, AttributeError, NameError)
+
+
 def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell], *, seed: int = 0,
                    pipeline: Any = None, prompt_id: str = "") -> PromptComparison:
     """Every cell of ``prompt`` through kvroute's ``engine`` (one prefill) and through kvpress's pipeline."""
@@ -248,7 +253,7 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
         if build_press(cell.press).selection.kvpress_fake_keys:
             try:
                 theirs = kvpress_keep_masks(lm, prompt, cell.press, cell.ratio, seed=seed)
-            except (EngineError, AssertionError, ValueError, RuntimeError):  # the pipeline below fails the same way
+            except (EngineError, *KVPRESS_ERRORS):  # the pipeline below fails the same way
                 theirs = None
         equal = None if theirs is None or mask is None else bool(torch.equal(mask.mask.cpu(), theirs))
         text, why = "", None
@@ -258,7 +263,7 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
                                            max_new_tokens=engine.settings.max_new_tokens)
         except EngineError as e:  # kvpress has no press for this cell (kvroute's own, or its precondition fails)
             why = str(e)
-        except (AssertionError, ValueError, RuntimeError) as e:  # kvpress's own code failed on this cell
+        except KVPRESS_ERRORS as e:  # kvpress's own code failed on this cell
             why = f"{KVPRESS_FAILED}{error_reason(e)}"
         finally:
             t_ref += time.perf_counter() - t0

@@ -64,8 +64,10 @@ class _attn:
       question's causal triangle shifts). The model's own attention function (as kvpress patched it, fake
       keys included) is therefore called through a wrapper that aligns the causal mask to each layer's own
       key length. Where all layers have one length the mask is passed on untouched. Gemma 3 (global layers
-      pruned, sliding layers whole) gets a mask of the global layers' length built from the sliding layer's
-      position: every question token sees the whole question there; the wrapper restores the causal triangle.
+      pruned, sliding layers whole): kvpress's pipeline (a cache without the config) gets layer 0's, the
+      sliding layer's, length, which sdpa refuses (aligned as above); a cache built with the config
+      (:func:`kvpress_logits`) gets the global layers' length built from the sliding layer's positions, in
+      which every question token sees the whole question: the wrapper restores the causal triangle.
     """
 
     def __init__(self, lm: LoadedModel, spec: str | None) -> None:
