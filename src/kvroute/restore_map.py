@@ -19,7 +19,8 @@ it the discrete repair: the slot's cell answers correctly (``outcome == "correct
 The **minimal repairing set** is greedy by effect: slots in decreasing effect (ties by layer, then head)
 are added until the restored cell repairs; each candidate set is one more cell (``answer@slots:…``), so the
 set is verified by the cell that repaired. Sets are tried in doubling chunks (4, 8, 16 … prefixes per
-decode). None when even every slot at once (the whole target) does not repair.
+decode), every prefix from the first on, so the set found is the shortest prefix that repairs. None when even
+every slot at once (the whole target) does not repair.
 
 Every map also runs its controls as cells: the compressed cell, the full cache, the whole target
 (``answer``), every slot at once (``answer@slots:0.0,…``, which must give the whole target's answer) and no
@@ -203,13 +204,17 @@ def map_from_records(records: Iterable[Mapping[str, Any]], target: str = "answer
 
 def _minimal(order: Sequence[Slot], multi: Mapping[tuple[Slot, ...], Mapping[str, Any]], comp: Mapping[str, Any],
              every: Mapping[str, Any]) -> tuple[list[Slot] | None, dict[str, Any] | None]:
+    """The shortest greedy prefix whose cell repaired, read only over prefixes that were all decoded from the first
+    on (a prefix missing before any repair: not searched that far yet, None)."""
     if comp.get("outcome") == "correct":
         return [], dict(comp)
     if every.get("outcome") != "correct":
         return None, None
     for k in range(1, len(order) + 1):
         r = multi.get(tuple(sorted(order[:k])))
-        if r is not None and r.get("outcome") == "correct":
+        if r is None:
+            return None, None
+        if r.get("outcome") == "correct":
             return sorted(order[:k]), dict(r)
     return None, None
 

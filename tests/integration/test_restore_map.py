@@ -142,6 +142,10 @@ def test_the_minimal_set_is_the_shortest_greedy_prefix_that_repairs():
     assert m.effect.tolist() == [[0.125, 0.5], [0.75, 0.0]]
     assert m.order == [(1, 0), (0, 1), (0, 0), (1, 1)]
     assert m.minimal == [(0, 1), (1, 0)] and m.minimal_record["answer"] == "a"
+    # without the prefix of two, the search has not got that far: the every-slot cell (the last prefix) that
+    # repairs is not yet the minimal set
+    unsearched = [r for r in recs if r.get("restore") != slot_condition("answer", [(0, 1), (1, 0)])]
+    assert map_from_records(unsearched).minimal is None
 
 
 def test_a_rerun_reads_every_cell_from_the_store(tiny, tmp_path):
