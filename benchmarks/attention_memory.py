@@ -13,13 +13,13 @@ each; the table gives the median and range. Modes:
 - `one-shot`: every forward over the whole context at once, masked (`gather = false`, the kept-entries kernel off; in
   the explicit form, float32
   scores and probabilities [Hkv, B, G·q, T + s] per layer, the "would need" column; where PyTorch's fused CPU
-  kernel runs, kvroute.engine.streaming, they are never materialised); run at the first question length, up to
+  kernel runs, kvroute.engine.attention.streaming, they are never materialised); run at the first question length, up to
   `--one-shot-max`;
-- `planned`: the defaults: where the kept-entries kernel is built (kvroute.engine.kept, loaded before the
+- `planned`: the defaults: where the kept-entries kernel is built (kvroute.engine.attention.kept, loaded before the
   measurement starts), every forward through it (each cell's kept entries, no transient copy; its CSR index cached
-  per layer); else the question forward over each cell's kept entries (kvroute.engine.gather, in slices of at most
-  the budget and GATHER_SLICE_BYTES), the decode steps at once or in chunks of the context past the budget
-  (kvroute.engine.streaming); the budget is a quarter of the free memory, or `--budget-mb`.
+  per layer); else the question forward over each cell's kept entries (kvroute.engine.attention.gather, in slices of
+  at most the budget and GATHER_SLICE_BYTES), the decode steps at once or in chunks of the context past the budget
+  (kvroute.engine.attention.streaming); the budget is a quarter of the free memory, or `--budget-mb`.
 
 Both modes give the same tokens (checked here on every length both run). The table also gives the
 memory the one-shot form would need per forward (`one_shot_bytes`) and the context K/V of the prefill;
@@ -58,7 +58,7 @@ masks = [KeepMask(torch.rand(L, Hkv, T, generator=g) >= r, "random", r) for r in
 budget = None if mode == "planned" and budget_mb <= 0 else (1 << 60 if mode == "one-shot" else int(budget_mb * 2**20))
 settings = DecodeSettings(max_new_tokens=2, batch_size=64, capture=False, attention_memory=budget,
                           gather=mode != "one-shot")
-from kvroute.engine import kept
+from kvroute.engine.attention import kept
 kept.ENABLED = kept.ENABLED and mode != "one-shot"  # (KVROUTE_KEPT_KERNEL=0: off in both)
 kept.kernel()  # built or loaded before the measurement (its code is not the decode's memory)
 
@@ -106,9 +106,9 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from kvroute.engine.gather import GATHER_SLICE_BYTES
-    from kvroute.engine.kept import KEPT_MAX_ROWS
-    from kvroute.engine.streaming import attention_budget, one_shot_bytes
+    from kvroute.engine.attention.gather import GATHER_SLICE_BYTES
+    from kvroute.engine.attention.kept import KEPT_MAX_ROWS
+    from kvroute.engine.attention.streaming import attention_budget, one_shot_bytes
     from kvroute.models import load_model
 
     lm = load_model(args.model)  # pull once, outside the measured children

@@ -24,7 +24,7 @@ GiB = 2**30
 LLAMA_8B = next(m for m in MODELS if m.name == "Llama-3-8B")  # its published shape, as paper_plan.py counts it
 CASES = [  # (label, shape, weight bytes, memory bytes)
     ("SmolLM2-135M, float32, this machine's 24 GiB RAM",
-     # (with the kept-entries kernel's index per cell, as on this machine's CPU: kvroute.engine.kept)
+     # (with the kept-entries kernel's index per cell, as on this machine's CPU: kvroute.engine.attention.kept)
      MemoryShape(30, 9, 3, 64, 576, 1536, 49152, 4, kept_index=True), 135e6 * 4, 24 * GiB),
     ("Llama-3-8B, bfloat16, a 48 GB GPU", LLAMA_8B.memory_shape(), LLAMA_8B.weight_bytes, 48e9),
     ("Llama-3-8B, bfloat16, a 141 GB GPU (H200)", LLAMA_8B.memory_shape(), LLAMA_8B.weight_bytes, 141e9),

@@ -47,6 +47,30 @@ def median_spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f}, n={len(xs)})"
 
 
+def matmul_peak(n: int = 1024, repeats: int = 7) -> float:
+    """The FLOP/s of a float32 ``torch.mm`` of two n×n matrices on this machine now, with this process's threads: the
+    best of ``repeats`` (after a warm-up), measured in the same run as the benchmark it anchors, so that a fraction of
+    it says how much of the machine a benchmark used whatever else ran that day."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def peak_fraction(flops: float, seconds: float, peak: float) -> str:
+    """One line: the FLOP/s achieved by ``flops`` of forward work in ``seconds``, the matmul ``peak``
+    (:func:`matmul_peak`) and the fraction, as ``fraction of peak: X`` (the form every speed benchmark prints)."""
+    achieved = flops / seconds
+    return (f"achieved {achieved / 1e9:.1f} GFLOP/s (forward FLOPs counted, benchmarks/flops.py) against a float32 "
+            f"torch.mm peak of {peak / 1e9:.1f} GFLOP/s measured in this run; fraction of peak: {achieved / peak:.2f}")
+
+
 def run_child(code: str, *args: str, timeout: float = 3600, env: dict[str, str] | None = None) -> dict:
     """Run ``code`` in a fresh Python (``env``: variables set for it on top of this process's); it must print one
     JSON line last."""

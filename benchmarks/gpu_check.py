@@ -114,10 +114,10 @@ def equivalence(rep: Report, lm, tokens: int = 512, label: str = "SmolLM2 shape,
 
 def decode_peak(lm, T: int, *, question: int, capture: bool, attention: int | None,  # noqa: ANN001
                 cells: int = 64) -> dict:
+    from kvroute.engine.attention.streaming import ATTENTION_SHARE, available_memory
     from kvroute.engine.decode import DecodeSettings, decode_cells
     from kvroute.engine.plan import MemoryShape, instance_bytes, plan_batch
     from kvroute.engine.prefill import prefill
-    from kvroute.engine.streaming import ATTENTION_SHARE, available_memory
     from kvroute.presses import KeepMask
 
     dev = lm.device

@@ -66,6 +66,7 @@ def main() -> int:
         if type(m) is nn.Linear:
             shapes.setdefault(tuple(m.weight.shape), []).append(m)
     table = []
+    large = linear_mod.linear_rule()[1]
     with torch.inference_mode():
         for (n_out, n_in), layers in sorted(shapes.items(), key=lambda kv: -kv[0][0] * kv[0][1]):
             for rows in ROWS:
@@ -74,7 +75,7 @@ def main() -> int:
                 reps = max(3, min(args.repeats * 3, 200 // n))
                 default = statistics.median(timed(lambda x=x, layers=layers: [
                     nn.functional.linear(x, m.weight, m.bias) for m in layers], reps)) / n
-                fast = statistics.median(timed(lambda x=x, layers=layers: [_forward(m, x) for m in layers],
+                fast = statistics.median(timed(lambda x=x, layers=layers: [_forward(m, x, large=large) for m in layers],
                                                reps)) / n  # what kvroute.engine.linear runs
                 table.append((n_out, n_in, n, rows, default * 1e3, fast * 1e3))
                 print(f"{n_out}x{n_in} rows {rows}: default {default * 1e3:.3f} ms, oneDNN {fast * 1e3:.3f} ms",
@@ -88,7 +89,7 @@ def main() -> int:
     res = engine.run(prompt, cells, decode_full=False)
     q_ids = list(prompt.question_ids)
     # default throughout, oneDNN throughout, and kvroute's rule (oneDNN up to LARGE_ROWS rows, above by CPU vendor)
-    arms = {"default": (False, False), "oneDNN": (True, True), "rule": (True, linear_mod.ONEDNN_LARGE)}
+    arms = {"default": (False, False), "oneDNN": (True, True), "rule": (True, linear_mod.linear_rule()[1])}
     times: dict[str, list[float]] = {a: [] for a in arms}
     tokens: dict[str, list[list[int]]] = {}
     saved = linear_mod.ONEDNN, linear_mod.ONEDNN_LARGE
@@ -120,7 +121,7 @@ def main() -> int:
 
     dec = statistics.median(times["default"]) / statistics.median(times["oneDNN"])
     rule = statistics.median(times["default"]) / statistics.median(times["rule"])
-    vendor = "oneDNN" if linear_mod.ONEDNN_LARGE else "the default"
+    vendor = "oneDNN" if linear_mod.linear_rule()[1] else "the default"
     kvp = statistics.median(kv[False]) / statistics.median(kv[True])
     default = is_default(args, tokens=2048)
     lines = [

@@ -12,6 +12,32 @@ from typing import TYPE_CHECKING
 from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
 
+#: the attention backends' names, kept here so that a config is checked without importing the engine
+#: (tests/unit/test_attention_backends.py checks it against kvroute.engine.attention.BACKENDS)
+ATTENTION_BACKENDS = ("auto", "reference", "sdpa", "gathered", "chunked", "fused", "kept")
+
+
+def attention_backend_problem(name: object) -> str | None:
+    """What is wrong with ``name`` as an attention backend setting (the closest names), None if nothing."""
+    if isinstance(name, str) and name in ATTENTION_BACKENDS:
+        return None
+    from kvroute.errors import suggest
+
+    close = suggest(name, ATTENTION_BACKENDS) if isinstance(name, str) else []
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"not an attention backend; {hint}(one of {', '.join(ATTENTION_BACKENDS)})"
+
+
+def check_attention_backend(name: str) -> str:
+    """``name`` if it is an attention backend's name or "auto", else a ConfigError naming the closest ones."""
+    problem = attention_backend_problem(name)
+    if problem is not None:
+        from kvroute.errors import ConfigError
+
+        raise ConfigError(f"attention_backend {name!r}: {problem}")
+    return name
+
+
 if TYPE_CHECKING:
     from kvroute.engine.decode import DecodeSettings
 
@@ -27,18 +53,22 @@ class RunSettings:
     system_prompt: str | None = None
     answer_prefix: str = ""
     # bytes the masked attention's transient tensors may take per forward (None: a quarter of the free memory);
-    # past it the context is attended in chunks (kvroute.engine.streaming), equal to float32 rounding
+    # past it the context is attended in chunks (kvroute.engine.attention.streaming), equal to float32 rounding
     attention_memory: int | None = None
     # verify the full cache's answer as a draft for every cell in one forward before decoding step by step
     # (kvroute.engine.decode); the tokens are greedy decoding's either way. Off by default: see
     # docs/performance.md, "Draft verification"
     draft: bool = False
     # forwards with several queries per cell (the question, a draft) attend each cell's kept context entries only,
-    # gathered (kvroute.engine.gather), equal to float32 rounding; False: all T entries, masked
+    # gathered (kvroute.engine.attention.gather), equal to float32 rounding; False: all T entries, masked
     gather: bool = True
+    # which form computes the masked attention (kvroute.engine.attention.backend): "auto" (the documented rule,
+    # docs/performance.md) or one backend's name; equal to float32 rounding either way
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         check_max_new_tokens(self.max_new_tokens)
+        check_attention_backend(self.attention_backend)
         for m in self.metrics:
             METRICS.get(m)  # unknown names fail with suggestions
 
@@ -55,4 +85,5 @@ class RunSettings:
         return DecodeSettings(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
                               capture=bool(self.needs & {"attention", "hidden", "argmax"}),
                               argmax="argmax" in self.needs,
-                              attention_memory=self.attention_memory, draft=self.draft, gather=self.gather)
+                              attention_memory=self.attention_memory, draft=self.draft, gather=self.gather,
+                              attention_backend=self.attention_backend)

@@ -7,7 +7,7 @@ equals the pruned cache (kvpress's hooks) and an independent eager forward with 
 ratio 0 and restoring every entry equal the uncompressed answer, and a couple of presses equal kvpress's pipeline
 token for token. Gemma 3 leaves the layers whole that kvpress leaves whole; a prompt past its window is refused.
 
-The kept-entries kernel (kvroute.engine.kept) is off here except in its own test: PyTorch's kernels give the
+The kept-entries kernel (kvroute.engine.attention.kept) is off here except in its own test: PyTorch's kernels give the
 reference numbers, and the kernel is compared with them at the registry's head sizes where it is built.
 """
 
@@ -47,7 +47,7 @@ def _setup(arch, head_dim):
 @pytest.fixture(params=[pytest.param(v, marks=pytest.mark.slow) if v[1] in TINY_ARCHITECTURES[v[0]].slow_head_dims
                         else v for v in STUDIED], ids=IDS)
 def setup(request, monkeypatch):
-    monkeypatch.setattr("kvroute.engine.kept.ENABLED", False)  # PyTorch's kernels: the reference numbers
+    monkeypatch.setattr("kvroute.engine.attention.kept.ENABLED", False)  # PyTorch's kernels: the reference numbers
     return _setup(*request.param)
 
 
@@ -157,7 +157,7 @@ def test_presses_equal_kvpress_token_for_token(setup, press):
 def test_scorers_read_the_queries_as_kvpress_does(arch, monkeypatch):
     """ExpectedAttention reads each layer's queries (kvpress's get_prerope_query_states): from Phi-3's fused
     qkv_proj and after Qwen3's q norm, as kvpress does; observed_attention builds the attention map from them."""
-    monkeypatch.setattr("kvroute.engine.kept.ENABLED", False)
+    monkeypatch.setattr("kvroute.engine.attention.kept.ENABLED", False)
     lm, prompt = _setup(arch, 64)
     _assert_equals_kvpress(lm, prompt, "expected_attention")
     eng = Engine(lm, DecodeSettings(max_new_tokens=1, keep_logits=True))
@@ -242,14 +242,15 @@ def test_one_sliding_window_over_every_layer_is_the_context_window():
 @pytest.mark.parametrize("arch,head_dim", [("llama3", 128), ("llama", 256), ("phi3", 128)],
                          ids=["llama3-128", "llama-256", "phi3-128"])
 def test_the_kept_entries_kernel_equals_the_reference_at_the_registry_head_sizes(arch, head_dim, monkeypatch):
-    from kvroute.engine import kept
+    from kvroute.engine.attention import kept
 
     if not kept.kept_applies(torch.device("cpu"), torch.float32, head_dim) or kept.kernel() is None:
         pytest.skip("the kept-entries kernel does not run here (no AVX-512, no compiler or not built)")
     lm, prompt = _setup(arch, head_dim)
     calls = []
     real = kept.kept_context
-    monkeypatch.setattr("kvroute.engine.attention.kept_context", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr("kvroute.engine.attention.kept.kept_context",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
     c, q = prompt.context_ids, prompt.question_ids
     L, Hkv, T = lm.info.num_layers, lm.info.num_kv_heads, len(c)
     keep = torch.rand(L, Hkv, T, generator=torch.Generator().manual_seed(1)) < 0.3

@@ -230,8 +230,8 @@ def test_chunked_context_attention_gives_the_same_cells(setup, monkeypatch):
     """The memory planner's chunked (online-softmax) attention against the one-shot form: same tokens, and
     logits, captured rows and gold log-probs equal to float32 rounding (attention_memory=1 forces the smallest
     chunk, 16 keys here)."""
-    import kvroute.engine.attention as attention
-    import kvroute.engine.streaming as streaming
+    import kvroute.engine.attention.chunked as chunked_backend
+    import kvroute.engine.attention.streaming as streaming
 
     monkeypatch.setattr(streaming, "MIN_CHUNK", 16)
     calls = []
@@ -240,7 +240,7 @@ def test_chunked_context_attention_gives_the_same_cells(setup, monkeypatch):
         calls.append(kwargs["chunk"])
         return streaming.chunked_context_attention(*args, **kwargs)
 
-    monkeypatch.setattr(attention, "chunked_context_attention", counted)
+    monkeypatch.setattr(chunked_backend, "chunked_context_attention", counted)
     lm, prompt = setup
     assert len(prompt.context_ids) > 4 * 16  # several chunks
     cells = [Cell(p, r) for p in ("knorm", "expected_attention+adakv", "snapkv[window_size=8]") for r in (0.3, 0.9)]
@@ -299,16 +299,16 @@ def test_gathered_context_attention_gives_the_same_cells(setup, monkeypatch):
     """The question forward over each cell's kept entries only (gathered) against all T entries masked: same tokens,
     and logits, captured rows, gold log-probs and lens readings equal to float32 rounding; the gathered form ran in
     every layer of the question forward and nowhere else (a decode step has one query)."""
-    import kvroute.engine.attention as attention
-    import kvroute.engine.gather as gather
+    import kvroute.engine.attention.gather as gather
 
     queries = []
+    real = gather.gathered_context_attention
 
     def counted(qg, *args, **kwargs):
         queries.append(kwargs["q"])
-        return gather.gathered_context_attention(qg, *args, **kwargs)
+        return real(qg, *args, **kwargs)
 
-    monkeypatch.setattr(attention, "gathered_context_attention", counted)
+    monkeypatch.setattr(gather, "gathered_context_attention", counted)
     lm, prompt = setup
     Q = len(prompt.question_ids)
     assert Q >= gather.GATHER_MIN_QUERIES  # the question forward gathers by default
@@ -351,8 +351,8 @@ def test_draft_verification_gives_the_greedy_tokens_whatever_the_draft(setup, me
     one token, one longer than the answer may be, one ending in EOS — leaves every cell's greedy tokens, gold
     log-prob, captured rows and generated-token masses as plain step-by-step decoding gives them (with the
     question and draft forwards gathered too: the rejected draft slots masked in the gathered form)."""
+    import kvroute.engine.attention.streaming as streaming
     import kvroute.engine.decode as decode
-    import kvroute.engine.streaming as streaming
 
     monkeypatch.setattr(streaming, "MIN_CHUNK", 16)
     monkeypatch.setattr(decode, "GATHER_MIN_QUERIES", gather_from or 10**9)
@@ -417,7 +417,7 @@ def test_the_engine_drafts_with_the_full_cache_answer(setup):
 def test_the_planned_batch_is_what_the_free_memory_takes(setup, monkeypatch):
     """batch_size "auto": with free memory for exactly three cells beside the fixed part, cells are decoded three at
     a time, and give what one batch of all of them gives."""
-    import kvroute.engine.streaming as streaming
+    import kvroute.engine.attention.streaming as streaming
     from kvroute.engine.plan import HEADROOM, MemoryShape, plan_batch
 
     lm, prompt = setup
@@ -441,7 +441,7 @@ def test_the_planned_batch_is_what_the_free_memory_takes(setup, monkeypatch):
 
 
 def test_an_instance_too_big_for_the_memory_is_refused_before_its_prefill(setup, monkeypatch):
-    import kvroute.engine.streaming as streaming
+    import kvroute.engine.attention.streaming as streaming
     from kvroute.errors import InsufficientMemoryError
 
     lm, prompt = setup

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from kvroute.engine import kept, kept_build
+from kvroute.engine import kept_build
+from kvroute.engine.attention import kept
 from kvroute.engine.kept_build import KernelSpec, KernelUnavailable, obtain
 from kvroute.filelock import FileLock
 
@@ -65,7 +66,8 @@ WRAPPER = """
 import json, logging, sys, time
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 a = json.loads(sys.argv[1])
-from kvroute.engine import kept, kept_build
+from kvroute.engine import kept_build
+from kvroute.engine.attention import kept
 kept.ENABLED = True
 kept._avx512 = lambda: True
 if a.get("fake"):

@@ -220,7 +220,7 @@ def test_run_dir_is_reproducible_from_itself(uninterrupted):
 def test_a_grid_too_big_for_the_memory_stops_before_its_first_cell(folder, config_path, tmp_path, monkeypatch):
     """The largest instance is checked against the free memory before any unit runs: the sweep stops naming it and
     the memory it needs, with nothing in the store."""
-    import kvroute.engine.streaming as streaming
+    import kvroute.engine.attention.streaming as streaming
     from kvroute.errors import SweepError
 
     monkeypatch.setattr(streaming, "available_memory", lambda _device: 50_000)

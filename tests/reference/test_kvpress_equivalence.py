@@ -214,14 +214,16 @@ def test_every_registered_selection_matches_kvpress(arch, press):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_answers_through_the_kept_entries_kernel_match_kvpress(arch, press, monkeypatch):
     """On the head_dim-64 model the masked attention's forwards run through the kept-entries kernel
-    (kvroute.engine.kept) where it is built: the answers are still kvpress's. Under CI=true the kernel must run."""
+    (kvroute.engine.attention.kept) where it is built: the answers are still kvpress's. Under CI=true the kernel must
+    run."""
     import os
 
-    from kvroute.engine import kept
+    from kvroute.engine.attention import kept
 
     calls = []
     real = kept.kept_context
-    monkeypatch.setattr("kvroute.engine.attention.kept_context", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr("kvroute.engine.attention.kept.kept_context",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
     _assert_matches_kvpress(arch, press, big=True)
     assert calls or (kept.kernel() is None and os.environ.get("CI") != "true"), "the kept-entries kernel did not run"
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvroute.engine.attention import MaskedContext
-from kvroute.engine.gather import gathered_bytes, gathered_context_attention, kept_groups
+from kvroute.engine.attention.gather import gathered_bytes, gathered_context_attention, kept_groups
 from tests.attention_call import masked_forward
 
 
@@ -96,7 +96,7 @@ def test_kept_groups_pad_at_most_the_share():
     (1, 1, 1),  # nothing fits: one row of one cell
 ])
 def test_slices_split_cells_then_rows(budget, cells, rows):
-    from kvroute.engine.gather import _slices
+    from kvroute.engine.attention.gather import _slices
     args = (300, 1000, 20, 4, 64, 4)  # R, width, s, Hkv, D, dtype bytes
     one = gathered_bytes(1, 4, 300, 1000, 20, 64, 4)
     kv = gathered_bytes(1, 4, 0, 1000, 20, 64, 4)

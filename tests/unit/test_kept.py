@@ -1,4 +1,5 @@
-"""The kept-entries attention kernel (kvroute.engine.kept) equals the explicit masked attention to float32 rounding.
+"""The kept-entries attention kernel (kvroute.engine.attention.kept) equals the explicit masked attention to float32
+rounding.
 
 Each case runs the masked attention function twice on the same inputs: once with the kernel and once with PyTorch's
 explicit one-shot form (softmax over the masked scores), and also checks the kernel's raw output and log-sum-exp
@@ -17,9 +18,8 @@ import sys
 import pytest
 import torch
 
-from kvroute.engine import kept
-from kvroute.engine.attention import MaskedContext
-from kvroute.engine.kept import kept_context, kept_index, select_index
+from kvroute.engine.attention import MaskedContext, kept
+from kvroute.engine.attention.kept import kept_context, kept_index, select_index
 from tests.attention_call import masked_forward
 
 
@@ -64,7 +64,7 @@ def test_kernel_equals_the_explicit_masked_attention(kernel, monkeypatch, B, Hkv
         calls.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr("kvroute.engine.attention.kept_context", counting)
+    monkeypatch.setattr("kvroute.engine.attention.kept.kept_context", counting)
     ours = masked_forward(MaskedContext([k_ctx], [v_ctx], keep, gather_from=None), query, key, value)
     assert calls, "the kernel did not run"
     monkeypatch.setattr(kept, "ENABLED", False)
@@ -170,7 +170,8 @@ def test_the_kernel_stays_out_where_it_does_not_apply(kernel, monkeypatch):
     its rows go through PyTorch's kernels; the captured rows of a gathered forward are unchanged by it."""
     calls = []
     real = kept_context
-    monkeypatch.setattr("kvroute.engine.attention.kept_context", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr("kvroute.engine.attention.kept.kept_context",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for dtype, D, G, q in [(torch.bfloat16, 64, 2, 1), (torch.float32, 16, 2, 1), (torch.float32, 64, 9, 60)]:
         k_ctx, v_ctx, keep, query, key, value = _inputs(3, 2, G, q, q, 200, D)
         masked_forward(MaskedContext([k_ctx.to(dtype)], [v_ctx.to(dtype)], keep, gather_from=None), query.to(dtype),

@@ -66,24 +66,21 @@ def test_onednn_linear_restores_on_error_and_can_be_off(monkeypatch):
 
 def test_large_forwards_follow_the_cpu_vendor_unless_set(monkeypatch):
     """Forwards of more than LARGE_ROWS rows take oneDNN except on Intel's CPUs (their MKL is the faster there); the
-    decode steps' small ones take it everywhere; KVROUTE_ONEDNN_LINEAR sets both, read once at import."""
+    decode steps' small ones take it everywhere; KVROUTE_ONEDNN_LINEAR sets both, read when a block starts (never at
+    import)."""
     assert not onednn_by_default("GenuineIntel")
     assert onednn_by_default("AuthenticAMD") and onednn_by_default("")
-    import importlib
-
     for env, vendor, small, large in [("1", "GenuineIntel", True, True), ("0", "AuthenticAMD", False, False),
                                       (None, "GenuineIntel", True, False), (None, "AuthenticAMD", True, True)]:
         if env is None:
             monkeypatch.delenv("KVROUTE_ONEDNN_LINEAR", raising=False)
         else:
             monkeypatch.setenv("KVROUTE_ONEDNN_LINEAR", env)
-        monkeypatch.setattr("kvroute.cpuinfo.cpu_field", lambda name, v=vendor: v if name == "vendor_id" else "")
+        monkeypatch.setattr("kvroute.engine.linear.cpu_field", lambda name, v=vendor: v if name == "vendor_id" else "")
         try:
-            importlib.reload(linear)
-            assert (linear.ONEDNN, linear.ONEDNN_LARGE) == (small, large)
+            assert linear.linear_rule() == (small, large)
         finally:
             monkeypatch.undo()
-            importlib.reload(linear)
     m = model()
     monkeypatch.setattr(linear, "ONEDNN_LARGE", False)
     with torch.inference_mode(), onednn_linear(m, enabled=True):

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
+from kvroute.engine.attention.streaming import MIN_CHUNK, one_shot_bytes
 from kvroute.engine.plan import HEADROOM, MAX_BATCH, MemoryShape, check_instance, instance_bytes, plan_batch
-from kvroute.engine.streaming import MIN_CHUNK, one_shot_bytes
 from kvroute.errors import EngineError, InsufficientMemoryError
 from kvroute.models import tiny_model
 
@@ -76,7 +76,7 @@ def test_the_shape_counts_the_kept_index_where_the_kernel_runs():
     and never a tiny head size or a bfloat16 model."""
     import torch
 
-    from kvroute.engine.kept import kept_applies
+    from kvroute.engine.attention.kept import kept_applies
 
     assert not MemoryShape.of(tiny_model("llama").model).kept_index  # head_dim 16
     big = tiny_model("llama", hidden=256, heads=4, kv_heads=2).model  # head_dim 64

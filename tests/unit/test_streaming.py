@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvroute.engine.attention import MaskedContext
-from kvroute.engine.streaming import MIN_CHUNK, context_chunk, one_shot_bytes
+from kvroute.engine.attention.streaming import MIN_CHUNK, context_chunk, one_shot_bytes
 from tests.attention_call import masked_forward
 
 
@@ -46,7 +46,7 @@ def test_the_additive_keep_mask_is_the_masked_fill_and_follows_the_cells():
     """keep_bias added to scores is exactly masked_fill(~keep, −inf); MaskedContext caches it per layer (and which
     (KV head, cell) pairs keep nothing), drops the caches when keep is replaced and carries them along when cells
     leave the batch (select)."""
-    from kvroute.engine.streaming import keep_bias
+    from kvroute.engine.attention.streaming import keep_bias
 
     g = torch.Generator().manual_seed(5)
     B, L, Hkv, T = 5, 3, 2, 40
@@ -104,7 +104,7 @@ def test_the_fused_kernel_equals_the_explicit_forms(monkeypatch, dtype, q, gathe
     """With PyTorch's fused CPU kernel (the context part in one call, the suffix joined through the log-sum-exp) the
     output equals the explicit scores-softmax-values form, for cells that keep everything, nothing, nothing of one
     KV head only, or a different count per head, and the kernel really ran (and did not, when turned off)."""
-    from kvroute.engine import streaming
+    from kvroute.engine.attention import streaming
 
     g = torch.Generator().manual_seed(11 + q)
     B, Hkv, G, s, T, D = 6, 2, 3, q + 4, 70, 16
@@ -117,8 +117,8 @@ def test_the_fused_kernel_equals_the_explicit_forms(monkeypatch, dtype, q, gathe
     query = torch.randn(B, Hkv * G, q, D, generator=g).to(dtype)
     key, value = (torch.randn(B, Hkv, s, D, generator=g).to(dtype) for _ in range(2))
     calls = []
-    kernel = streaming._FLASH
-    monkeypatch.setattr(streaming, "_FLASH", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    kernel = streaming.flash_attention_cpu()
+    monkeypatch.setattr(streaming, "flash_attention_cpu", lambda: lambda *a, **k: calls.append(1) or kernel(*a, **k))
     outs = {}
     for fused in (False, True):
         monkeypatch.setattr(streaming, "FUSED", fused)

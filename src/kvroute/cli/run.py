@@ -122,6 +122,9 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed for random scorers.")] = 0,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, … (default: auto).")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16, … (default: auto).")] = None,
+    attention_backend: Annotated[str, typer.Option(
+        "--attention-backend", help="The masked attention's backend: auto, or one of reference, sdpa, gathered, "
+                                    "chunked, fused, kept (docs/performance.md).")] = "auto",
 ) -> None:
     """Compress every instance's cache with each press at each ratio and record answers and routing metrics."""
     import json
@@ -150,7 +153,8 @@ def run(
     if limit is not None and limit < 1:
         raise KvrouteError(f"--limit {limit}: give a positive number of instances (or leave --limit out for all)")
     instances = load_tasks(tasks)[:limit]
-    settings = RunSettings(max_new_tokens=check_max_new_tokens(max_new_tokens, "--max-new-tokens"))
+    settings = RunSettings(max_new_tokens=check_max_new_tokens(max_new_tokens, "--max-new-tokens"),
+                           attention_backend=attention_backend)
     cells = [Cell(p, r) for p in press for r in ratio]
     regime = "aware" if question_aware else "agnostic"
     lm = load_model_cli(model, device, dtype)

@@ -43,6 +43,9 @@ def sweep(
     regimes: Annotated[str | None, typer.Option("--regimes", help="Override regimes: agnostic,aware.")] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="Override seeds, e.g. 0,1,2.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Override decoding.max_new_tokens.")] = None,
+    attention_backend: Annotated[str | None, typer.Option(
+        "--attention-backend", help="Override decoding.attention_backend: auto, or one of reference, sdpa, gathered, "
+                                    "chunked, fused, kept (docs/performance.md).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run",
                                           help="Validate and show the grid; load no model, write nothing.")] = False,
     new_settings: Annotated[bool, typer.Option("--new-settings", help="With --resume: add cells with settings that "
@@ -61,6 +64,8 @@ def sweep(
             overrides.append(f"{key}={json.dumps(values)}")
     if max_new_tokens is not None:
         overrides.append(f"decoding.max_new_tokens={max_new_tokens}")
+    if attention_backend is not None:
+        overrides.append(f"decoding.attention_backend={json.dumps(attention_backend)}")
     from kvroute.sweep.driver import check_backend
 
     check_backend(backend)  # before --dry-run, which plans without running

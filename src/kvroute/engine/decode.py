@@ -17,14 +17,13 @@ import torch
 from torch import nn
 
 from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
-from kvroute.engine import streaming
-from kvroute.engine.attention import MaskedContext, masked_attention
+from kvroute.engine.attention import MaskedContext, check_backend_name, masked_attention, resolve_backend, streaming
+from kvroute.engine.attention.gather import GATHER_MIN_QUERIES
+from kvroute.engine.attention.streaming import ATTENTION_SHARE, context_chunk
 from kvroute.engine.cache import SuffixCache
-from kvroute.engine.gather import GATHER_MIN_QUERIES
 from kvroute.engine.linear import onednn_linear
 from kvroute.engine.plan import MemoryShape, plan_batch
 from kvroute.engine.prefill import PrefillResult
-from kvroute.engine.streaming import ATTENTION_SHARE, context_chunk
 from kvroute.errors import EngineError
 from kvroute.presses.keepmask import KeepMask
 
@@ -44,13 +43,17 @@ class DecodeSettings:
     # benchmarks so far it costs more than it saves (docs/performance.md, "Draft verification")
     draft: bool = False
     # bytes the masked attention's transient tensors may take per forward; None: a quarter of the free memory
-    # (device memory on CUDA, RAM on the CPU). Past it, the context is attended in chunks (kvroute.engine.streaming)
+    # (device memory on CUDA, RAM on the CPU). Past it, the context is attended in chunks
+    # (kvroute.engine.attention.streaming)
     attention_memory: int | None = None
     # forwards with at least GATHER_MIN_QUERIES queries per cell (the question, a long draft) attend each cell's kept
-    # context entries only (kvroute.engine.gather), equal to float32 rounding; False: all T entries, masked
+    # context entries only (kvroute.engine.attention.gather), equal to float32 rounding; False: all T entries, masked
     gather: bool = True
+    # the masked attention's backend (kvroute.engine.attention.backend): "auto" (its rule) or a backend's name
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        check_backend_name(self.attention_backend)  # an unknown name fails with the closest ones
         check_max_new_tokens(self.max_new_tokens)
         if self.batch_size is not None and self.batch_size < 1:
             raise EngineError(f"batch_size must be ≥ 1, got {self.batch_size}")
@@ -366,7 +369,8 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
 
     ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None, capture_query=Q - 1,
                         context_chunk=chunk(B, Q + G, T + Q + G), budget=budget,
-                        gather_from=GATHER_MIN_QUERIES if settings.gather else None)
+                        gather_from=GATHER_MIN_QUERIES if settings.gather else None,
+                        backend=resolve_backend(settings.attention_backend))
     with masked_attention(model, ctx), onednn_linear(model):  # (the linear layers: kvroute.engine.linear)
         # 1) question (+ teacher-forced gold answer) for all cells
         ids = torch.tensor([question + gold], device=device).expand(B, -1)

@@ -86,8 +86,8 @@ class Engine:
         """Refuse (InsufficientMemoryError, with the size needed) an instance of ``T`` context tokens, ``q``
         question and teacher-forced tokens and ``cells`` cells that the free memory would not hold beside the
         model even one cell at a time (kvroute.engine.plan)."""
+        from kvroute.engine.attention.streaming import available_memory
         from kvroute.engine.plan import MemoryShape, check_instance
-        from kvroute.engine.streaming import available_memory
 
         check_instance(MemoryShape.of(self.lm.model), available=available_memory(self.lm.device), T=T, q=q,
                        new=self.settings.max_new_tokens, cells=cells, capture=self.settings.capture, tracks=tracks,

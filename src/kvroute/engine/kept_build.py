@@ -1,4 +1,5 @@
-"""Building and loading the kept-entries attention kernel (:mod:`kvroute.engine.kept`) so that no build can hurt a run.
+"""Building and loading the kept-entries attention kernel (:mod:`kvroute.engine.attention.kept`): no build can hurt
+a run.
 
 PyTorch's own path (``torch.utils.cpp_extension.load`` into its extension cache) hangs every later run after a build
 was killed (its lock file is never cleared), crashes every process on a truncated library (a bus error), loads any

@@ -9,7 +9,9 @@ ran 1.15× faster; on a 2-core Intel Xeon of the same kind oneDNN was 1.2–1.9�
 at decode sizes and level or slower for SmolLM2's smaller ones, while the default (Intel's MKL) was 7–14% faster
 for a question forward's 1,269 rows on every shape (``benchmarks/linear_backend.py`` times both side by side).
 So forwards of up to :data:`LARGE_ROWS` rows take oneDNN, larger ones too except on Intel's CPUs
-(:func:`onednn_by_default`), and ``KVROUTE_ONEDNN_LINEAR=1`` or ``=0`` sets both.
+(:func:`onednn_by_default`), and ``KVROUTE_ONEDNN_LINEAR=1`` or ``=0`` sets both (read when a block starts,
+:func:`linear_rule`, never at import). The operator is private to PyTorch: it is reached only through
+:func:`kvroute.engine.private_ops.onednn_linear`, which checks the version and probes it.
 
 Results are equal to float32 rounding, not bit for bit: the two libraries sum in different orders (as
 BLAS itself does between one row and many), so a near-tie between two next tokens could in principle
@@ -17,7 +19,7 @@ resolve differently; the engine's equivalence tests and ``benchmarks/equivalence
 
 :func:`onednn_linear` switches a model's float32 ``nn.Linear`` layers on a CPU to it for the duration of
 a block (the decode forwards; never the prefill, whose scores must equal the reference's bit for bit) where
-:data:`ONEDNN` says so.
+:func:`linear_rule` says so.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
 
 from kvroute.cpuinfo import cpu_field
+from kvroute.engine import private_ops
 
 
 def onednn_by_default(vendor: str) -> bool:
@@ -45,32 +48,33 @@ def onednn_by_default(vendor: str) -> bool:
 
 #: a forward with more rows than this (cells × queries) is large: a question forward, not a decode step
 LARGE_ROWS = 256
-_ENV = os.environ.get("KVROUTE_ONEDNN_LINEAR")
-#: whether oneDNN runs the decode forwards' linears (``KVROUTE_ONEDNN_LINEAR=0``: PyTorch's default linear throughout)
-ONEDNN = _ENV != "0"
-#: whether it also runs the large ones: ``KVROUTE_ONEDNN_LINEAR=1`` yes, ``=0`` no, unset by the CPU's vendor
-#: (:func:`onednn_by_default`)
-ONEDNN_LARGE = _ENV != "0" if _ENV is not None else onednn_by_default(cpu_field("vendor_id"))
+#: overrides of :func:`linear_rule` for the tests and benchmarks that compare the two (None: the rule decides):
+#: whether oneDNN runs the decode forwards' linears, and whether it also runs the large ones
+ONEDNN: bool | None = None
+ONEDNN_LARGE: bool | None = None
 
 
-@functools.cache
+def linear_rule(env: Mapping[str, str] | None = None) -> tuple[bool, bool]:
+    """(oneDNN for the decode forwards' linears, oneDNN for the large ones too), read when a block starts:
+    ``KVROUTE_ONEDNN_LINEAR=0`` neither, ``=1`` both, unset: the small ones, and the large ones by the CPU's vendor
+    (:func:`onednn_by_default`). :data:`ONEDNN` and :data:`ONEDNN_LARGE` override it where set."""
+    value = (os.environ if env is None else env).get("KVROUTE_ONEDNN_LINEAR")
+    small = value != "0"
+    large = value != "0" if value is not None else onednn_by_default(cpu_field("vendor_id"))
+    return (small if ONEDNN is None else ONEDNN), (large if ONEDNN_LARGE is None else ONEDNN_LARGE)
+
+
 def onednn_available() -> bool:
-    """Whether this PyTorch build runs oneDNN's linear on float32 CPU tensors (tried once, on a tiny input)."""
-    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
-    if op is None:
-        return False
-    try:
-        x, w, b = torch.ones(2, 3), torch.ones(4, 3), torch.zeros(4)
-        return bool(torch.equal(op(x, w, b, "none", [], ""), torch.full((2, 4), 3.0)))
-    except (RuntimeError, NotImplementedError):  # pragma: no cover - builds without the op's CPU kernel
-        return False
+    """Whether this PyTorch build runs oneDNN's linear on float32 CPU tensors (:mod:`kvroute.engine.private_ops`)."""
+    return private_ops.onednn_linear() is not None
 
 
-def _forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if (x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() == 0
-            or (not ONEDNN_LARGE and x.numel() > LARGE_ROWS * x.shape[-1])):
+def _forward(module: nn.Linear, x: torch.Tensor, large: bool = True) -> torch.Tensor:
+    op = private_ops.onednn_linear()
+    if (op is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() == 0
+            or (not large and x.numel() > LARGE_ROWS * x.shape[-1])):
         return nn.functional.linear(x, module.weight, module.bias)
-    return torch.ops.mkldnn._linear_pointwise(x, module.weight, module.bias, "none", [], "")
+    return op(x, module.weight, module.bias)
 
 
 def switched(model: nn.Module) -> list[nn.Linear]:
@@ -84,11 +88,12 @@ def switched(model: nn.Module) -> list[nn.Linear]:
 def onednn_linear(model: nn.Module, enabled: bool | None = None) -> Iterator[int]:
     """Within the block, ``model``'s float32 CPU linear layers run through oneDNN; afterwards they are as before.
     Yields how many layers were switched (0 where oneDNN is unavailable, off, or nothing qualifies).
-    ``enabled``: None follows :data:`ONEDNN`."""
-    on = ONEDNN if enabled is None else enabled
+    ``enabled``: None follows :func:`linear_rule`."""
+    small, large = linear_rule()
+    on = small if enabled is None else enabled
     layers = switched(model) if on and onednn_available() else []
     for m in layers:
-        m.forward = functools.partial(_forward, m)  # type: ignore[method-assign]  # (on the instance: undone below)
+        m.forward = functools.partial(_forward, m, large=large)  # type: ignore[method-assign]  # (on the instance: undone below)
     try:
         yield len(layers)
     finally:

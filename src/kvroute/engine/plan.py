@@ -3,7 +3,7 @@
 The masked engine holds, for one instance, the model, the prefill's context K/V (shared by every cell),
 and per cell: its keep mask, its own suffix K/V, the activations and logits of its rows in a forward,
 and what it keeps until the instance's records are made (the captured attention rows and hidden
-states). The attention's transient tensors have their own budget (:mod:`kvroute.engine.streaming`
+states). The attention's transient tensors have their own budget (:mod:`kvroute.engine.attention.streaming`
 chunks the context to fit it). :class:`MemoryShape` counts these bytes from the model's config;
 :func:`plan_batch` turns the free memory (device memory on CUDA, available RAM on the CPU) into a
 batch size, and refuses — before the prefill, with the size needed — an instance that would not fit
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvroute.engine.kept import kept_applies
-from kvroute.engine.streaming import MIN_CHUNK, ONE_SHOT_COPIES, one_shot_bytes
+from kvroute.engine.attention.kept import kept_applies
+from kvroute.engine.attention.streaming import MIN_CHUNK, ONE_SHOT_COPIES, one_shot_bytes
 from kvroute.errors import InsufficientMemoryError
 
 #: a decoding batch is never larger than this (beyond it a CPU gains nothing, and the cells of one instance
@@ -42,7 +42,8 @@ class MemoryShape:
     intermediate: int
     vocab: int
     dtype_bytes: int
-    # the kept-entries kernel runs (kvroute.engine.kept): each cell's kept positions are held as an index per layer
+    # the kept-entries kernel runs (kvroute.engine.attention.kept): each cell's kept positions are held as an index
+    # per layer
     kept_index: bool = False
 
     @classmethod
@@ -75,7 +76,7 @@ class MemoryShape:
         attention rows at the smallest context chunk, and with ``capture`` the captured attention row of its last
         prompt token while it is computed."""
         # bool; its additive form (two bytes, cached); where the kept-entries kernel runs, its kept positions
-        # (kvroute.engine.kept: int32, cached, at most T of them)
+        # (kvroute.engine.attention.kept: int32, cached, at most T of them)
         mask = self.layers * self.kv_heads * T * (1 + 2 + (4 if self.kept_index else 0))
         suffix = 2 * self.layers * self.kv_heads * (q + 2 * new + 1) * self.head_dim * self.dtype_bytes
         states = (self.layers + 1 if capture else 4) * q * self.hidden * self.dtype_bytes

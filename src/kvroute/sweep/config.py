@@ -26,7 +26,7 @@ from kvroute.errors import ConfigError, KvrouteError
 from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
 from kvroute.presses import build_press, check_ratio
 from kvroute.presses.restore import Restore
-from kvroute.settings import RunSettings
+from kvroute.settings import RunSettings, attention_backend_problem
 from kvroute.tasks import FAMILIES, TaskSpec
 from kvroute.tasks.prompt import REGIMES
 
@@ -38,7 +38,7 @@ MODEL_KEYS = ("name", "device", "dtype")
 FILE_TASK_KEYS = ("file", "limit")
 SPEC_TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskSpec))
 DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix", "attention_memory", "draft",
-                 "gather")
+                 "gather", "attention_backend")
 METRIC_SETTING_KEYS = tuple(f.name for f in dataclasses.fields(MetricSettings))
 RAY_KEYS = ("address", "instances_per_shard", "cpus_per_worker")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
@@ -134,7 +134,7 @@ class SweepConfig:
             "decoding": {"max_new_tokens": s.max_new_tokens, "batch_size": s.batch_size,
                          "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
                          "attention_memory": s.attention_memory, "draft": s.draft,
-                         "gather": s.gather},
+                         "gather": s.gather, "attention_backend": s.attention_backend},
             "metric_settings": dataclasses.asdict(s.metric), "ray": dataclasses.asdict(self.ray),
             "settings_hash": self.settings_hash,
         }
@@ -446,6 +446,11 @@ def _decoding(v: Any, w: _Where) -> dict[str, Any]:
         if not isinstance(d["gather"], bool):
             raise w.error("decoding.gather", "must be true or false", d["gather"])
         out["gather"] = d["gather"]
+    if "attention_backend" in d:  # "auto" or a backend of kvroute.engine.attention (docs/performance.md)
+        problem = attention_backend_problem(d["attention_backend"])
+        if problem is not None:
+            raise w.error("decoding.attention_backend", problem, d["attention_backend"])
+        out["attention_backend"] = d["attention_backend"]
     return out
 
 

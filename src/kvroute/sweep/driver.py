@@ -17,6 +17,7 @@ Order of events, so that bad input fails before anything expensive or lasting ha
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,8 +131,21 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 SETTINGS_KEYS = ("decoding", "metrics", "metric_settings")
 
 
+def attention_ran() -> dict[str, int]:
+    """Layer forwards per attention backend in this process so far ({} before the engine was imported)."""
+    mod = sys.modules.get("kvroute.engine.attention.backend")
+    return dict(mod.ran()) if mod is not None else {}
+
+
+def attention_since(before: dict[str, int]) -> dict[str, int]:
+    """The layer forwards per attention backend since ``before`` (an earlier :func:`attention_ran`)."""
+    now = attention_ran()
+    return {n: now[n] - before.get(n, 0) for n in sorted(now) if now[n] > before.get(n, 0)}
+
+
 #: decoding settings that change how a record is computed, not its values
-NO_RECORD_CHANGE = ("decoding.batch_size", "decoding.attention_memory", "decoding.draft", "decoding.gather")
+NO_RECORD_CHANGE = ("decoding.batch_size", "decoding.attention_memory", "decoding.draft", "decoding.gather",
+                    "decoding.attention_backend")
 
 
 def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -228,6 +242,7 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
                                  task_files=files, extra={"ray_address": ray_address} if backend == "ray" else None)
         computed = errored = 0
         status, error = "failed", None
+        attention_before = attention_ran()
         try:
             with progress.task(f"sweep {config.name}: {total} cells", total=total) as bar:
                 bar.update(completed=total - remaining)
@@ -256,8 +271,12 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
             raise
         finally:
             try:
+                # the attention backends this session's forwards ran (kvroute.engine.attention), like the thread
+                # count: in this process only, so a Ray session records none
+                ran = attention_since(attention_before) if backend == "local" else None
                 finish_session(run_dir, manifest, status=status, cells_computed=computed,
-                               seconds=time.perf_counter() - t0, error=error, cells_errored=errored)
+                               seconds=time.perf_counter() - t0, error=error, cells_errored=errored,
+                               extra={"attention_backends": ran})
             except OSError as e:
                 if status == "complete":
                     raise

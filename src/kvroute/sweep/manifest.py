@@ -4,7 +4,8 @@ The manifest is rewritten atomically (temp file + fsync + rename, :func:`kvroute
 and the end of every session, so it is always valid JSON. A resumed run keeps its first ``started`` time and appends
 one entry per session to ``sessions`` (backend, times, cells computed, how it ended, and ``arithmetic``: the CPU
 model, PyTorch's thread count and the GPUs, on which the last bits of the records depend; a session whose arithmetic
-differs from an earlier one's that computed cells logs a warning).
+differs from an earlier one's that computed cells logs a warning), and, for a local session, ``attention_backends``:
+the layer forwards each masked-attention backend computed, :mod:`kvroute.engine.attention`).
 
 A session killed with SIGKILL cannot record how it ended and stays ``"running"``; since one sweep at
 a time holds the run's lock, :func:`mark_stale` shows such a session as ``"interrupted"`` (with
@@ -177,17 +178,19 @@ def start_session(run_dir: str | Path, *, config: dict[str, Any], backend: str, 
 
 
 def finish_session(run_dir: str | Path, manifest: dict[str, Any], *, status: str, cells_computed: int,
-                   seconds: float, error: str | None = None, cells_errored: int = 0) -> dict[str, Any]:
+                   seconds: float, error: str | None = None, cells_errored: int = 0,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Record how the current session ended (complete | interrupted | failed).
 
-    ``cells_errored``: how many of the cells computed this session were stored with status "error".
+    ``cells_errored``: how many of the cells computed this session were stored with status "error"; ``extra``: more
+    of the session's entries (the driver's ``attention_backends``: layer forwards per attention backend).
     """
     t = now()
     manifest["status"] = status
     manifest["finished"] = t
     s = manifest["sessions"][-1]
     s.update(finished=t, status=status, cells_computed=cells_computed, cells_errored=cells_errored,
-             seconds=round(seconds, 3))
+             seconds=round(seconds, 3), **(extra or {}))
     if error:
         s["error"] = error[:500]
     write_manifest(run_dir, manifest)

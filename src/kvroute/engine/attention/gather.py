@@ -1,15 +1,15 @@
 """Masked attention over each cell's kept context entries only: what a pruned cache costs, from the shared context.
 
 A cell at ratio α keeps (1 − α)·T context entries per KV head, yet the one-shot and chunked forms of the masked
-attention (:mod:`kvroute.engine.attention`, :mod:`kvroute.engine.streaming`) multiply its queries with all T keys
-and discard the masked scores: at α = 0.9 nine tenths of the work. :func:`gathered_context_attention` gathers each
-cell's kept keys and values per KV head (in position order, as kvpress's pruned cache holds them) and attends over
-those alone, so a cell's attention costs what its pruned cache costs. The cells of a forward are grouped by kept
-count (:func:`kept_groups`, per layer the largest over the KV heads, so a group pads little; a cell that keeps the
-whole context reads the shared keys without a gather). The gathered K/V are transient, one layer and one group
-at a time, split by cells and then by query rows so that a slice's tensors stay within the attention budget and
-:data:`GATHER_SLICE_BYTES`: the context K/V are still held once, and the transient does not grow with the cells or
-the question's length.
+attention (:mod:`kvroute.engine.attention`, :mod:`kvroute.engine.attention.streaming`) multiply its queries with all T
+keys and discard the masked scores: at α = 0.9 nine tenths of the work. :func:`gathered_context_attention` gathers each
+cell's kept keys and values per KV head (in position order, as kvpress's pruned cache holds them) and attends over those
+alone, so a cell's attention costs what its pruned cache costs. The cells of a forward are grouped by kept count
+(:func:`kept_groups`, per layer the largest over the KV heads, so a group pads little; a cell that keeps the whole
+context reads the shared keys without a gather). The gathered K/V are transient, one layer and one group at a time,
+split by cells and then by query rows so that a slice's tensors stay within the attention budget and
+:data:`GATHER_SLICE_BYTES`: the context K/V are still held once, and the transient does not grow with the cells or the
+question's length.
 
 The gather copies each kept entry once per forward. A forward with many queries per cell (the question forward,
 a long draft) repays it many times over; a decode step's single query does not on a CPU, where the gathered form,
@@ -18,15 +18,17 @@ its gather included, took about 4× the one-shot time, and a few queries do not 
 cell up. Results agree with the one-shot form to float32 rounding (tests/unit/test_gather.py): the sums run over the
 kept entries in the same order, without the masked terms (exact zeros in the one-shot form).
 
-Where the kept-entries kernel runs (:mod:`kvroute.engine.kept`: a CPU with AVX-512 and a compiler, float32), it does
-the same without the gather, faster, and takes these forwards over; this form is its fallback.
+Where the kept-entries kernel runs (:mod:`kvroute.engine.attention.kept`: a CPU with AVX-512 and a compiler, float32),
+it does the same without the gather, faster, and takes these forwards over; this form is its fallback.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvroute.engine.streaming import (
+from kvroute.engine.attention.backend import AttentionCall, Backend, register
+from kvroute.engine.attention.context import GATHER_MIN_QUERIES
+from kvroute.engine.attention.streaming import (
     ONE_SHOT_COPIES,
     fused_available,
     fused_context,
@@ -35,11 +37,9 @@ from kvroute.engine.streaming import (
     with_suffix,
 )
 
-#: a forward gathers the kept entries when it has at least this many queries per cell (benchmarks/attention_kernels.py:
-#: from 16 the gathered form is the faster at 2,048 and 8,192 context tokens; below, its per-group work is not repaid
-#: (at 8 queries: 1.3× slower at 2,048, 7% faster at 8,192); at 512 tokens the fused one-shot form is 1.4× faster at
-#: 16 queries, a few ms a layer)
-GATHER_MIN_QUERIES = 16
+__all__ = ["GATHER_MIN_QUERIES", "GATHER_SLICE_BYTES", "Gathered", "gather_limit", "gathered_bytes",
+           "gathered_context_attention", "kept_groups"]  # (GATHER_MIN_QUERIES: context.py, for every backend)
+
 #: a group of cells takes cells whose kept count is at least this share of its largest (padding ≤ 1 − share)
 GROUP_SHARE = 0.9
 #: the most bytes one gathered slice's transient tensors take, whatever the attention budget (the caller passes the
@@ -94,14 +94,17 @@ def _slices(cells: int, R: int, width: int, s: int, Hkv: int, D: int, dtype_byte
 
 def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, keep: torch.Tensor,
                                key: torch.Tensor, value: torch.Tensor, *, q: int, scale: float,
-                               own: torch.Tensor | None = None, budget: int | None = None) -> torch.Tensor:
+                               own: torch.Tensor | None = None, budget: int | None = None,
+                               fused: bool | None = None) -> torch.Tensor:
     """The masked attention output ``[Hkv, B, G·q, D]`` (in the query's dtype), each cell over its kept entries.
 
-    Arguments as :func:`kvroute.engine.streaming.chunked_context_attention`: ``qg`` ``[B, Hkv, G·q, D]`` (each KV
+    Arguments as :func:`kvroute.engine.attention.streaming.chunked_context_attention`: ``qg`` ``[B, Hkv, G·q, D]``
+    (each KV
     head's query rows, (g, i) order), ``k_ctx``/``v_ctx`` ``[Hkv, T, D]``, ``keep`` bool ``[Hkv, B, 1, T]``,
     ``key``/``value`` ``[B, Hkv, s, D]`` (the cells' suffix), ``own`` bool ``[B, s]`` (None: every slot). ``budget``:
     bytes one slice's transient tensors may take (:func:`gathered_bytes`); a group over it is split by cells, down to
-    one cell, and a cell over it by query rows, down to one row (None: no split).
+    one cell, and a cell over it by query rows, down to one row (None: no split). ``fused``: whether a slice may run
+    through PyTorch's fused CPU kernel (None: wherever it is available).
     """
     B, Hkv, R, D = qg.shape
     T, s = k_ctx.shape[1], key.shape[2]
@@ -109,7 +112,7 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
     counts = kk.sum(-1).amax(0).tolist()  # [B]: the most entries any KV head of the cell keeps
     s_suf = suffix_scores(qg, key, q, scale, own)  # [Hkv, B, R, s] float32
     out = torch.empty(Hkv, B, R, D, dtype=qg.dtype, device=qg.device)
-    fused = fused_available(qg)
+    fused = fused_available(qg) if fused is None else fused and fused_available(qg)
     heads = torch.arange(Hkv, device=qg.device).view(Hkv, 1, 1) * T
     for group in kept_groups(counts):
         width = counts[group[0]]
@@ -168,3 +171,20 @@ def gathered_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: tor
                     o = torch.matmul(pc, vals)
                 out[:, idx, r0 : r0 + r] = o + torch.matmul(ps, v_suf)
     return out
+
+
+def gather_limit(budget: int | None) -> int:
+    """The most bytes one gathered slice takes: the attention budget, at most :data:`GATHER_SLICE_BYTES`."""
+    return GATHER_SLICE_BYTES if budget is None else min(budget, GATHER_SLICE_BYTES)
+
+
+@register
+class Gathered(Backend):
+    """Each cell's kept entries gathered per KV head into a dense padded tensor, then attended (any device)."""
+
+    name = "gathered"
+
+    def forward(self, call: AttentionCall) -> torch.Tensor:
+        return gathered_context_attention(call.qg, call.k_ctx, call.v_ctx, call.keep, call.key, call.value, q=call.q,
+                                          scale=call.scale, own=call.own, budget=gather_limit(call.ctx.budget),
+                                          fused=call.ctx.backend.fused)  # [Hkv, B, G·q, D]

@@ -1,26 +1,26 @@
 """Masked attention over each cell's kept context entries only, in one CPU kernel (``csrc/kept_attention.cpp``).
 
 A cell at ratio α keeps (1 − α)·T context entries per KV head, yet PyTorch's fused kernel, given the keep mask as an
-additive bias, multiplies the queries with all T keys and drops the masked scores: at α = 0.9 nine tenths of the
-work, and most of a long-context decode step. A pruned cache (kvpress's) pays for its kept entries only. This kernel
-does the same from the shared context: per (KV head, cell) it reads the kept positions from a CSR list
-(:func:`kept_index`, built once per layer of a batch and sliced when cells leave it) and runs an online softmax over
-them, walking the context in spans whose keys and values the cells of a work item share in cache, and then goes on
-over the cells' own suffix (their question and answer so far, causal) in the same online softmax, so that a forward's
-attention is one call (joining the suffix in PyTorch, :func:`kvroute.engine.streaming.with_suffix`, took a third
-of a decode step's attention time: small tensor operations, each paid per layer and step). It needs no transient
-tensor beyond its output (for a decode step, one partial output per 512-position chunk of the context, at most 64:
-tens of MB for an 8B model's 64 cells at 32k tokens, beside gigabytes of context K/V), so it also replaces the
-gathered and chunked forms where it applies (:data:`KEPT_MAX_ROWS`).
+additive bias, multiplies the queries with all T keys and drops the masked scores: at α = 0.9 nine tenths of the work,
+and most of a long-context decode step. A pruned cache (kvpress's) pays for its kept entries only. This kernel does the
+same from the shared context: per (KV head, cell) it reads the kept positions from a CSR list (:func:`kept_index`, built
+once per layer of a batch and sliced when cells leave it) and runs an online softmax over them, walking the context in
+spans whose keys and values the cells of a work item share in cache, and then goes on over the cells' own suffix (their
+question and answer so far, causal) in the same online softmax, so that a forward's attention is one call (joining the
+suffix in PyTorch, :func:`kvroute.engine.attention.streaming.with_suffix`, took a third of a decode step's attention
+time: small tensor operations, each paid per layer and step). It needs no transient tensor beyond its output (for a
+decode step, one partial output per 512-position chunk of the context, at most 64: tens of MB for an 8B model's 64 cells
+at 32k tokens, beside gigabytes of context K/V), so it also replaces the gathered and chunked forms where it applies
+(:data:`KEPT_MAX_ROWS`).
 
 The kernel is C++ with AVX-512 intrinsics, float32 only, built once per machine at first use through
-``torch.utils.cpp_extension`` (a C++ compiler and ninja: the ``kernel`` extra, ``pip install 'kvroute[kernel]'``,
-which ``make`` installs) into ``$KVROUTE_HOME/kernels``, in a child process under kvroute's lock with a timeout,
-and loaded only when its recorded checksum matches (:mod:`kvroute.engine.kept_build`). Where it cannot be built
-or run (no AVX-512, no compiler, no ninja, a build that did not finish in time, another dtype or device, a head size
-it was not instantiated for) the masked attention uses PyTorch's kernels as before, with the same results to float32
-rounding (tests/unit/test_kept.py); ``KVROUTE_KEPT_KERNEL=0`` turns it off. ``benchmarks/attention_kernels.py`` times it
-beside the other forms.
+``torch.utils.cpp_extension`` (a C++ compiler and ninja: the ``kernel`` extra, ``pip install 'kvroute[kernel]'``, which
+``make`` installs) into ``$KVROUTE_HOME/kernels``, in a child process under kvroute's lock with a timeout, and loaded
+only when its recorded checksum matches (:mod:`kvroute.engine.kept_build`). Where it cannot be built or run (no AVX-512,
+no compiler, no ninja, a build that did not finish in time, another dtype or device, a head size it was not instantiated
+for) the masked attention uses PyTorch's kernels as before, with the same results to float32 rounding
+(tests/unit/test_kept.py); ``KVROUTE_KEPT_KERNEL=0`` (or another ``decoding.attention_backend``) turns it off.
+``benchmarks/attention_kernels.py`` times it beside the other forms.
 """
 
 from __future__ import annotations
@@ -38,11 +38,15 @@ from typing import Any
 import torch
 
 from kvroute.cpuinfo import cpu_field
+from kvroute.engine.attention.backend import AttentionCall, Availability, Backend, register
+from kvroute.engine.attention.context import kept_index, select_index
 from kvroute.engine.kept_build import KernelSpec, KernelUnavailable, build_timeout, kernels_folder, obtain
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "kept_attention.cpp"
+__all__ = ["Kept", "kept_available", "kept_context", "kept_index", "select_index"]  # (the index: context.py)
+
+SOURCE = Path(__file__).parent.parent / "csrc" / "kept_attention.cpp"
 #: head sizes the kernel is instantiated for
 HEAD_DIMS = (64, 80, 96, 128, 256)
 #: the most query rows per (KV head, cell) (GQA group × queries per cell) for which the kernel runs. It reads each
@@ -51,8 +55,9 @@ HEAD_DIMS = (64, 80, 96, 128, 256)
 #: 512, 2,048 and 8,192 tokens up to 510 rows (at 8,192: 4.7 against 7.2 ms a layer for a decode step, 89 against
 #: 165 for 47 queries, 327 against 402 for 170), and level with the gathered form at 512 tokens and 510 rows
 KEPT_MAX_ROWS = 512
-#: ``KVROUTE_KEPT_KERNEL=0`` turns the kernel off (PyTorch's kernels then run everywhere)
-ENABLED = os.environ.get("KVROUTE_KEPT_KERNEL", "1") != "0"
+#: a switch for the tests and benchmarks that run PyTorch's kernels beside it (``KVROUTE_KEPT_KERNEL=0`` is read when a
+#: decode's backend is resolved, :func:`kvroute.engine.attention.backend.resolve_backend`, and keeps it off there)
+ENABLED = True
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 BUILDING = "kvroute: building the kept-entries attention kernel (once per machine, about 30 s)"
@@ -143,31 +148,6 @@ def kept_available(query: torch.Tensor, rows: int) -> bool:
             and kernel() is not None)
 
 
-def kept_index(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``keep`` bool ``[Hkv, B, T]`` → the CSR form the kernel reads: ``offsets`` int64 ``[Hkv·B + 1]`` and the kept
-    positions ``index`` int32 (pair ``h·B + b``'s in ascending order at ``index[offsets[p]:offsets[p + 1]]``)."""
-    Hkv, B, T = keep.shape
-    flat = keep.reshape(Hkv * B, T)
-    offsets = torch.zeros(Hkv * B + 1, dtype=torch.long, device=keep.device)
-    torch.cumsum(flat.sum(-1), 0, out=offsets[1:])
-    return offsets, flat.nonzero()[:, 1].to(torch.int32)
-
-
-def select_index(offsets: torch.Tensor, index: torch.Tensor, heads: int, rows: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                                       torch.Tensor]:
-    """The CSR form (:func:`kept_index`) of the cells ``rows`` (ascending batch rows) of ``heads`` KV heads, sliced
-    from the whole batch's without rebuilding it from the mask."""
-    counts = (offsets[1:] - offsets[:-1]).view(heads, -1)  # [Hkv, B]
-    B = counts.shape[1]
-    alive = torch.zeros(B, dtype=torch.bool, device=offsets.device)
-    alive[rows] = True
-    take = alive.repeat(heads).repeat_interleave(counts.flatten(), output_size=index.numel())
-    new = counts.index_select(1, rows).flatten()
-    out = torch.zeros(new.numel() + 1, dtype=torch.long, device=offsets.device)
-    torch.cumsum(new, 0, out=out[1:])
-    return out, index[take]
-
-
 def kept_context(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, offsets: torch.Tensor,
                  index: torch.Tensor, *, scale: float, key: torch.Tensor | None = None,
                  value: torch.Tensor | None = None, q: int = 1,
@@ -175,7 +155,7 @@ def kept_context(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, off
     """Attention of ``qg`` ``[B, Hkv, R, D]`` over each (KV head, cell)'s kept rows of ``k_ctx``/``v_ctx``
     ``[Hkv, T, D]`` (CSR ``offsets``/``index``, :func:`kept_index`): the output ``[Hkv, B, R, D]`` and each row's
     log-sum-exp ``[Hkv, B, R]`` (output 0 and log-sum-exp −inf where a pair keeps nothing), for
-    :func:`kvroute.engine.streaming.with_suffix`. Check :func:`kept_available` first.
+    :func:`kvroute.engine.attention.streaming.with_suffix`. Check :func:`kept_available` first.
 
     With the cells' own suffix ``key``/``value`` ``[B, Hkv, s, D]`` (the queries its last ``q`` positions, rows of
     ``qg`` in (group head, query) order) and ``own`` (bool ``[B, s]``, the slots each cell may see; None: all), the
@@ -186,3 +166,30 @@ def kept_context(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, off
     out, lse = mod.kept_attention(qg.transpose(0, 1).contiguous(), k_ctx, v_ctx, offsets, index, float(scale), key,
                                   value, own, q)
     return out, lse
+
+
+@register
+class Kept(Backend):
+    """The kept-entries kernel: context and suffix in one online softmax over each (KV head, cell)'s kept entries."""
+
+    name = "kept"
+    devices = ("cpu",)
+
+    def available(self) -> Availability:
+        if not ENABLED:
+            return Availability(False, "switched off")
+        if not _avx512():
+            return Availability(False, "this CPU has no AVX-512")
+        if kernel() is None:
+            return Availability(False, "the kernel could not be built or loaded here (see the log's warning)")
+        return Availability(True)
+
+    def serves(self, call: AttentionCall) -> bool:
+        return call.T > 0 and call.ctx.backend.kept and kept_available(call.qg, call.qg.shape[2])
+
+    def forward(self, call: AttentionCall) -> torch.Tensor:
+        offsets, index = call.ctx.context_index(call.layer)
+        # context and suffix in one online softmax: [Hkv, B, G·q, D]
+        out, _ = kept_context(call.qg, call.k_ctx, call.v_ctx, offsets, index, scale=call.scale, key=call.key,
+                              value=call.value, q=call.q, own=call.own)
+        return out

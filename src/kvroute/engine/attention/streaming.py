@@ -11,7 +11,7 @@ is O(B·H·q·chunk); the one probability row per cell that the metrics capture 
 
 :func:`context_chunk` is the planner: ``None`` (the whole context at once) whenever the one-shot
 tensors fit the budget, else the largest chunk that does. (Forwards with many queries per cell attend
-the kept entries only, :mod:`kvroute.engine.gather`, and chunk only where even that would not fit.)
+the kept entries only, :mod:`kvroute.engine.attention.gather`, and chunk only where even that would not fit.)
 Results agree with the one-shot function to float32 rounding (tests/unit/test_streaming.py); the
 order of the sums differs, so a near-tie between two next tokens could in principle resolve
 differently: the planner chunks only where the one-shot form would not fit.
@@ -20,16 +20,18 @@ On a CPU, where PyTorch has its fused attention kernel (``_scaled_dot_product_fl
 which returns each row's log-sum-exp), the one-shot form of a forward that captures nothing and each slice
 of the gathered form run the context part through it (:func:`fused_context`: no score or probability
 tensor is materialised) and join the cells' own suffix afterwards (:func:`with_suffix`), again equal to
-float32 rounding (tests/unit/test_streaming.py; ``KVROUTE_FUSED_ATTENTION=0`` turns it off).
+float32 rounding (tests/unit/test_streaming.py; ``KVROUTE_FUSED_ATTENTION=0`` turns it off). The operator is private to
+PyTorch: it is reached only through :func:`kvroute.engine.private_ops.flash_attention_cpu`.
 ``benchmarks/attention_kernels.py`` times both side by side.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
+
+from kvroute.engine.private_ops import flash_attention_cpu
 
 #: float32 tensors of the one-shot form alive at once, per (row, key): scores, masked scores, probabilities
 ONE_SHOT_COPIES = 3
@@ -65,23 +67,16 @@ def suffix_scores(qg: torch.Tensor, key: torch.Tensor, q: int, scale: float,
     return s_suf if own is None else s_suf.masked_fill(~own[None, :, None, :], float("-inf"))
 
 
-def _flash_kernel() -> Any:
-    """PyTorch's fused CPU attention kernel that also returns each row's log-sum-exp, or None where this PyTorch has
-    none (the explicit forms run then)."""
-    try:
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    except (AttributeError, RuntimeError):
-        return None
-
-
-_FLASH = _flash_kernel()
-#: the fused kernel is used where it exists (``KVROUTE_FUSED_ATTENTION=0`` turns it off: the explicit forms)
-FUSED = _FLASH is not None and os.environ.get("KVROUTE_FUSED_ATTENTION", "1") != "0"
+#: the fused kernel is used where this PyTorch has it (:func:`kvroute.engine.private_ops.flash_attention_cpu`); a
+#: switch for the tests and benchmarks that time the explicit forms beside it (``KVROUTE_FUSED_ATTENTION=0`` is read
+#: when a decode's backend is resolved, :func:`kvroute.engine.attention.backend.resolve_backend`)
+FUSED = True
 
 
 def fused_available(query: torch.Tensor) -> bool:
     """Whether :func:`fused_context` runs for ``query``: on a CPU, float32 or bfloat16, with the kernel present."""
-    return FUSED and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
+    return (FUSED and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
+            and flash_attention_cpu() is not None)
 
 
 def fused_context(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, *,
@@ -92,8 +87,9 @@ def fused_context(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     ``[N, Hkv, R, D]`` and each row's float32 log-sum-exp ``[N, Hkv, R]`` (both 0 where the mask leaves no key:
     :func:`with_suffix` must be told those rows), for :func:`with_suffix` to join the cells' suffix part. Check
     :func:`fused_available` first."""
-    out, lse = _FLASH(query, key, value, 0.0, False, attn_mask=mask, scale=scale)
-    return out, lse
+    flash = flash_attention_cpu()
+    assert flash is not None
+    return flash(query, key, value, attn_mask=mask, scale=scale)
 
 
 def with_suffix(out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor, s_suf: torch.Tensor, v_suf: torch.Tensor,
