@@ -55,6 +55,38 @@ def heat(avg: pd.DataFrame) -> list[str]:
     return lines
 
 
+def rate(df: pd.DataFrame) -> tuple[float, int, float]:
+    """(cells per second, cells, seconds) of records: cells over the seconds of the engine calls that computed them
+    (prefill + decode, recorded on each record of a call: one call per distinct (instance, press, timing))."""
+    calls = df.drop_duplicates(["instance_id", "seconds_prefill", "seconds_decode"])
+    seconds = float((calls["seconds_prefill"] + calls["seconds_decode"]).sum())
+    return (len(df) / seconds if seconds > 0 else math.nan), len(df), seconds
+
+
+def cost_lines(sweep: pd.DataFrame, store: Path) -> list[str]:
+    """The map's cells per second against the sweep's ordinary cells, both from their stores' recorded timings."""
+    from kvroute.sweep.store import iter_records
+
+    maps = pd.DataFrame(list(iter_records(store)))
+    o, m = rate(sweep), rate(maps)
+    return [f"Ordinary cells (the sweep: the full cache and {len(PRESSES)} presses per instance): {o[0]:.3f} cells/s "
+            f"({o[1]} cells in {o[2]:.0f} s of prefill + decode). Map cells (every cell in the map store: slots, "
+            f"controls, minimal-set prefixes): {m[0]:.3f} cells/s ({m[1]} cells in {m[2]:.0f} s), "
+            f"{m[0] / o[0]:.1f}× the ordinary rate.",
+            "", "Map timings per engine call (one prefill + the batched decode of its cells):", "",
+            *md_table([{"instance": r.instance_id, "press": r.press, "cells": int(n),
+                        "seconds": round(float(r.seconds_prefill + r.seconds_decode), 1)}
+                       for r, n in _calls(maps)], [(c, c) for c in ("instance", "press", "cells", "seconds")],
+                      digits=1)]
+
+
+def _calls(df: pd.DataFrame) -> list[tuple[object, int]]:
+    """(first record, cells) per engine call, in the store's order."""
+    key = ["instance_id", "seconds_prefill", "seconds_decode"]
+    return [(next((g[g["press"] != "none"] if (g["press"] != "none").any() else g).itertuples()), len(g))
+            for _, g in df.groupby(key, sort=False)]
+
+
 def one_map_seconds(model: str, seed: int) -> tuple[float, int, str] | None:
     """Seconds of one full map (no store, minimal set included) on ``model``: its first snapkv failure among 12
     base instances; None when none of them fails."""
@@ -90,7 +122,7 @@ def main() -> int:  # noqa: C901  (one study, read top to bottom)
     args = ap.parse_args()
     from kvroute.analysis.load import load_records
     from kvroute.analysis.restore_map import averaged_map, minimal_sizes, restore_map_finding, set_agreement
-    from kvroute.restore_map import restore_map_of_run, run_cell
+    from kvroute.restore_map import MAP_DIR, restore_map_of_run, run_cell
     from kvroute.sweep import run_sweep, sweep_config_from_mapping
     from kvroute.sweep.local import load_engine
 
@@ -101,8 +133,6 @@ def main() -> int:  # noqa: C901  (one study, read top to bottom)
     run_sweep(cfg, run, resume=True)
     sweep_s = time.perf_counter() - t0
     df = load_records(run)
-    per_inst = df.groupby("instance_id")[["seconds_prefill", "seconds_decode"]].first().sum()
-    ordinary = len(df) / float(per_inst.sum()) if float(per_inst.sum()) > 0 else math.nan
     n_right = int((df[df["press"] == "none"]["outcome"] == "correct").sum())
     command = (f"python benchmarks/restore_map.py --model {args.model} --n {args.n} --failures {args.failures}"
                + (f" --cost-models {args.cost_models}" if args.cost_models else ""))
@@ -114,7 +144,6 @@ def main() -> int:  # noqa: C901  (one study, read top to bottom)
              "one (layer, KV head) slot at a time (effect on the gold log-probability, 0 = compressed, 1 = full "
              "cache), and the greedy minimal repairing set.", ""]
     findings: list[str] = []
-    map_cells = map_seconds = 0.0
     engine = None
     for press in PRESSES:
         fails = failures(df, press)
@@ -125,8 +154,6 @@ def main() -> int:  # noqa: C901  (one study, read top to bottom)
             engine = engine or load_engine(rc.model, rc.settings)
             m = restore_map_of_run(rc, engine=engine)
             maps.append(m)
-            map_cells += m.computed
-            map_seconds += m.seconds if m.computed else 0.0
             print(f"{press} {i + 1}/{len(chosen)} {iid}: {m.computed} cells in {m.seconds:.0f} s, minimal "
                   f"{None if m.minimal is None else len(m.minimal)}", file=sys.stderr, flush=True)
         lines += [f"## {press} at α = {RATIO:g}: {len(fails)} failures, {len(maps)} mapped", ""]
@@ -158,11 +185,7 @@ def main() -> int:  # noqa: C901  (one study, read top to bottom)
                                                                "slots")]), "",
                   f"Agreement: {agree['sets']} sets, mean pairwise Jaccard {agree['jaccard']:.3f}, permutation null "
                   f"{agree['null']:.3f} (95th percentile {agree['null_q95']:.3f}), p = {agree['p']:.3f}.", ""]
-    lines += ["## Cost", "",
-              f"Ordinary cells (the sweep): {ordinary:.2f} cells/s (cells over the instances' prefill + decode "
-              f"seconds). Map cells computed here: "
-              + (f"{map_cells / map_seconds:.2f} cells/s ({int(map_cells)} cells in {map_seconds:.0f} s, each map's "
-                 "prefills, model loads excluded)." if map_seconds else "none (all read from the store)."), ""]
+    lines += ["## Cost", "", *cost_lines(df, run / MAP_DIR), ""]
     for model in [m for m in args.cost_models.split(",") if m]:
         got = one_map_seconds(model, args.seed)
         lines.append(f"- {model}: " + (f"one full map (instance {got[2]}, {PRESSES[0]}@{RATIO:g}, {got[1]} cells with "
