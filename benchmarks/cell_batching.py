@@ -5,6 +5,9 @@ One prompt (~512 context tokens), a fixed set of cells (press × ratio) decoded 
 peak memory would grow by the context cache size per cell; the table shows it grows only by the
 cells' own suffixes and attention rows.
 
+Each row's forward FLOPs (benchmarks/flops.py) over its median time are set beside a float32 ``torch.mm`` peak
+measured in the same run (`fraction of peak`).
+
     python benchmarks/cell_batching.py [--model smollm2-135m] [--tokens 512] [--cells 64]
 """
 
@@ -14,7 +17,8 @@ import argparse
 import statistics
 import sys
 
-from common import MEMORY_PROBE, environment, median_spread, run_child, write
+from common import MEMORY_PROBE, environment, matmul_peak, median_spread, peak_fraction, run_child, write
+from flops import CellWork, Shape, grid_flops
 
 CHILD = MEMORY_PROBE + r"""
 import json, sys, time
@@ -39,7 +43,8 @@ for _ in range(repeats):
 L, Hkv, T, D = len(res.prefill.keys), res.prefill.keys[0].shape[1], res.prefill.num_tokens, res.prefill.keys[0].shape[3]
 ctx_mb = 2 * L * Hkv * T * D * 4 / 2**20
 print(json.dumps({"times": times, "peak_mb": status("VmHWM") - base, "T": T, "ctx_mb": ctx_mb,
-                  "tokens": sum(len(o.tokens) for o in res.outputs)}))
+                  "tokens": sum(len(o.tokens) for o in res.outputs), "Q": len(prompt.question_ids),
+                  "work": [[c.ratio, len(o.tokens)] for c, o in zip(cells, res.outputs)]}))
 """
 
 
@@ -53,7 +58,8 @@ def main() -> int:
     args = ap.parse_args()
     from kvroute.models import load_model
 
-    load_model(args.model)
+    shape = Shape.of(load_model(args.model).model)
+    peak = matmul_peak()
     rows = []
     for b in args.batches:
         r = run_child(CHILD, args.model, str(args.tokens), str(args.cells), str(b), str(args.repeats))
@@ -61,6 +67,7 @@ def main() -> int:
         print(f"batch {b:>3}: {args.cells / statistics.median(r['times']):.2f} cells/s, peak +{r['peak_mb']:.0f} MB",
               flush=True)
     ctx_mb, T = rows[0][1]["ctx_mb"], rows[0][1]["T"]
+    peak = max(peak, matmul_peak())
     lines = [
         "# Cell batching: throughput and memory against batch size",
         "",
@@ -73,13 +80,17 @@ def main() -> int:
         "a warm-up run, the heap's free pages handed back first (malloc_trim).",
         "",
         "| batch size | seconds for all cells (median, range) | cells/s | peak memory growth MB "
-        "| per cell in the batch MB |",
-        "|---|---|---|---|---|",
+        "| per cell in the batch MB | fraction of peak |",
+        "|---|---|---|---|---|---|",
     ]
     for b, r in rows:
         med = statistics.median(r["times"])
+        flops = grid_flops(shape, r["T"], r["Q"], [CellWork(x, n) for x, n in r["work"]])[0]
         lines.append(f"| {b} | {median_spread(r['times'])} | {args.cells / med:.2f} | {r['peak_mb']:.0f} "
-                     f"| {r['peak_mb'] / b:.2f} |")
+                     f"| {r['peak_mb'] / b:.2f} | {flops / med / peak:.2f} |")
+        if b == rows[-1][0]:
+            best = peak_fraction(flops, med, peak)
+    lines += ["", f"batch {rows[-1][0]}: {best}"]
     lines += ["", f"context cache per copy: {ctx_mb:.1f} MB"]
     write("cell_batching", lines)
     print("\n".join(lines))

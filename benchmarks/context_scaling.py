@@ -4,7 +4,8 @@ Each (length, configuration) runs in a fresh process: load the model, warm up, r
 counter (/proc/self/clear_refs; the heap's free pages handed back first, malloc_trim), then time `repeats`
 prefills and read the peak RSS (VmHWM). The plain side is what kvpress's pipeline runs before compressing
 (`model.model(ids, cache)`, sdpa); kvroute's side is `kvroute.engine.prefill` with the listed scorers captured
-in the same pass.
+in the same pass. The longest plain and capture prefills' forward FLOPs (benchmarks/flops.py) over their median time
+are set beside a float32 ``torch.mm`` peak measured in the same run (`fraction of peak`).
 
     python benchmarks/context_scaling.py [--model smollm2-135m] [--lengths 512 1024 2048 4096 8192]
 """
@@ -15,7 +16,8 @@ import argparse
 import statistics
 import sys
 
-from common import MEMORY_PROBE, environment, median_spread, run_child, write
+from common import MEMORY_PROBE, environment, matmul_peak, median_spread, peak_fraction, run_child, write
+from flops import Shape, prefill_flops
 
 LINEAR = ["expected_attention", "snapkv", "knorm", "tova", "streaming_llm", "keydiff"]
 CONFIGS = {
@@ -78,7 +80,8 @@ def main() -> int:
     args = ap.parse_args()
     from kvroute.models import load_model
 
-    load_model(args.model)  # pull once, outside the timed children
+    shape = Shape.of(load_model(args.model).model)  # pull once, outside the timed children
+    peak = matmul_peak()
     res: dict[tuple[str, int], dict] = {}
     for n in args.lengths:
         reps = args.repeats if n <= 2048 else max(2, args.repeats - 1)
@@ -121,6 +124,11 @@ def main() -> int:
         f"Met at {', '.join(map(str, met))} tokens; " if met else "Not met at any length; ") + (
         "missed at " + ", ".join(f"{n} ({o:+.0f}%, by {o - 15:.0f} points)" for n, o in per_len.items() if o >= 15)
         + " — see profile_capture for where it goes." if len(met) < len(per_len) else "met at every length.")]
+    peak = max(peak, matmul_peak())
+    lines += ["", f"plain prefill at {big} tokens: "
+              + peak_fraction(prefill_flops(shape, big), statistics.median(res[("plain", big)]["times"]), peak),
+              f"capture prefill at {big} tokens: "
+              + peak_fraction(prefill_flops(shape, big), statistics.median(res[("capture", big)]["times"]), peak)]
     lines += ["", f"capture overhead at {big} tokens: {over:+.0f}%"]
     write("context_scaling", lines)
     print("\n".join(lines))

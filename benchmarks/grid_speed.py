@@ -6,9 +6,16 @@
 Both answer the same prompts with the same model (float32, sdpa, greedy). Repeats alternate a and b;
 the last lines are `speedup: X`, the median wall time of b over a for the largest grid, and `ratio to
 ceiling: Y`, that speedup over the FLOP ceiling of the same grid (benchmarks/flops.py: what counting
-forward FLOPs allows a masked engine whose cells attend their kept entries only).
+forward FLOPs allows a masked engine whose cells attend their kept entries only). kvroute's FLOPs of the largest grid
+over its median time are also set beside a float32 ``torch.mm`` peak measured in the same run (`fraction of peak: X`).
+
+With ``--attention-backend NAME`` kvroute's engine runs that masked-attention backend (``decoding.attention_backend``;
+default ``auto``); with ``--attention-backend each`` the largest grid runs once per available backend in the same
+process (kvroute only, no kvpress loop), and the table gives each backend's time, fraction of peak, and whether its
+answers equal ``auto``'s.
 
     python benchmarks/grid_speed.py [--model smollm2-135m] [--instances 2] [--tokens 512] [--repeats 3]
+                                    [--attention-backend auto|NAME|each]
 """
 
 from __future__ import annotations
@@ -20,8 +27,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from common import environment, median_spread, write
-from flops import CellWork, Shape, ceiling
+from common import environment, matmul_peak, median_spread, peak_fraction, write
+from flops import CellWork, Shape, ceiling, grid_flops
 
 PRESSES = ["snapkv", "expected_attention", "streaming_llm"]
 RATIOS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -43,6 +50,8 @@ def grid_args(description: str, *, repeats: int = 3,
     ap.add_argument("--largest-only", action="store_true", help="only the 27-cell grid (long contexts: the kvpress "
                     "loop's time grows with every cell)")
     ap.add_argument("--no-study", action="store_true", help="skip the full-study timing (every metric on)")
+    ap.add_argument("--attention-backend", default="auto", help='the masked attention\'s backend ("auto", a name of '
+                    'kvroute.engine.attention.BACKENDS, or "each": the largest grid once per backend, as a table)')
     return ap.parse_args()
 
 
@@ -67,7 +76,9 @@ def grid_setup(args: argparse.Namespace, *, reference: bool = True):  # noqa: AN
     lm = load_model(args.model, dtype="float32")
     tasks = generate_tasks(TaskSpec("base", n=args.instances, seed=11, target_tokens=args.tokens), lm.tokenizer)
     prompts = [build_prompt(lm.tokenizer, t) for t in tasks]
-    engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False))
+    backend = getattr(args, "attention_backend", "auto")
+    engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False,
+                                       attention_backend="auto" if backend == "each" else backend))
     # warm-up both paths once
     engine.run(prompts[0], [Cell("snapkv", 0.5)], decode_full=False)
     if not reference:
@@ -78,14 +89,82 @@ def grid_setup(args: argparse.Namespace, *, reference: bool = True):  # noqa: AN
     return lm, tasks, prompts, engine, pipe
 
 
+def kvroute_flops(lm, work: list) -> float:  # noqa: ANN001 - a loaded model
+    """kvroute's forward FLOPs of one pass over ``work`` (per instance: T, Q, cells), benchmarks/flops.py."""
+    shape = Shape.of(lm.model)
+    return sum(grid_flops(shape, T, Q, cells)[0] for T, Q, cells in work)
+
+
+def each_backend(args: argparse.Namespace) -> int:
+    """The largest grid with every available attention backend in one process: a table."""
+    from kvroute.engine import Cell, DecodeSettings, Engine
+    from kvroute.engine.attention import BACKENDS, ran, ran_since
+
+    lm, _tasks, prompts, _engine, _ = grid_setup(args, reference=False)
+    peak = matmul_peak()
+    cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
+    names = ["auto", *(n for n in BACKENDS.names() if BACKENDS.get(n).available().ok)]
+    skipped = [f"{n} ({BACKENDS.get(n).available().reason})" for n in BACKENDS.names()
+               if not BACKENDS.get(n).available().ok]
+    engines = {n: Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False, attention_backend=n))
+               for n in names}
+    times: dict[str, list[float]] = {n: [] for n in names}
+    answers: dict[str, list] = {}
+    forwards: dict[str, dict[str, int]] = {}
+    work: list = []
+    for n in names:  # warm-up: builds, first calls
+        engines[n].run(prompts[0], cells[:2], decode_full=False)
+    print(f"peak {peak / 1e9:.1f} GFLOP/s; backends {', '.join(names)}", flush=True)
+    for rep in range(args.repeats):
+        for n in names:  # interleaved, so that a slower minute of the machine falls on every backend alike
+            before = ran()
+            t0 = time.perf_counter()
+            outs = [engines[n].run(p, cells, decode_full=False).outputs for p in prompts]
+            times[n].append(time.perf_counter() - t0)
+            print(f"{n}: {times[n][-1]:.2f} s", flush=True)
+            if rep == 0:
+                answers[n] = [[o.tokens for o in row] for row in outs]
+                forwards[n] = ran_since(before)
+                work = work or [(p.n_context, len(p.question_ids), [CellWork(c.ratio, len(o.tokens)) for c, o in
+                                                                    zip(cells, row, strict=True)])
+                                for p, row in zip(prompts, outs, strict=True)]
+    peak = max(peak, matmul_peak())
+    flops = kvroute_flops(lm, work)
+    lines = [
+        f"# Grid speed per attention backend ({lm.name}, {args.tokens} context tokens)", "",
+        f"Command: `python benchmarks/grid_speed.py --model {args.model} --instances {args.instances} "
+        f"--tokens {args.tokens} --repeats {args.repeats} --max-new-tokens {args.max_new_tokens} "
+        "--attention-backend each`",
+        f"Environment: {environment()}",
+        f"The largest grid ({len(cells)} cells × {args.instances} `base` instances, captures off), kvroute only, each "
+        "backend named by `decoding.attention_backend` (it runs every forward it serves; the `auto` rule the rest), "
+        f"repeats interleaved. Forward FLOPs counted: {flops / 1e12:.3f} TFLOP; float32 torch.mm peak measured in "
+        f"this run: {peak / 1e9:.1f} GFLOP/s." + (f" Not available here: {'; '.join(skipped)}." if skipped else ""),
+        "",
+        "| backend | seconds (median, range) | GFLOP/s | fraction of peak | answers = auto's | forwards per backend |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n in names:
+        med = statistics.median(times[n])
+        ran_str = ", ".join(f"{k} {v}" for k, v in forwards[n].items())
+        lines.append(f"| {n} | {median_spread(times[n])} | {flops / med / 1e9:.1f} | {flops / med / peak:.2f} "
+                     f"| {'yes' if answers[n] == answers['auto'] else 'no'} | {ran_str} |")
+    write(result_name("grid_speed_backends", args), lines)
+    print("\n".join(lines))
+    return 0
+
+
 def main() -> int:
     args = grid_args(__doc__.splitlines()[0])
+    if args.attention_backend == "each":
+        return each_backend(args)
 
     from kvroute.engine import Cell, Engine
     from kvroute.engine.reference import kvpress_answer
     from kvroute.runner import RunSettings, run_instance
 
     lm, tasks, prompts, engine, pipe = grid_setup(args)
+    peak = matmul_peak()
 
     rows = []
     agree = total = 0
@@ -127,6 +206,8 @@ def main() -> int:
     n_big, ta_big, tb_big = rows[-1]
     speedup = statistics.median(tb_big) / statistics.median(ta_big)
     bound = ceiling(Shape.of(lm.model), work)
+    peak = max(peak, matmul_peak())  # the better of before and after: a busy minute of the machine counts against it
+    fraction = peak_fraction(kvroute_flops(lm, work), statistics.median(ta_big), peak)
     default = is_default(args)
     lines = [
         "# Grid speed: kvroute engine vs the kvpress pipeline" + ("" if default else f" ({args.model}, {args.tokens} "
@@ -134,6 +215,7 @@ def main() -> int:
         "",
         f"Command: `python benchmarks/grid_speed.py --model {args.model} --instances {args.instances} "
         f"--tokens {args.tokens} --repeats {args.repeats} --max-new-tokens {args.max_new_tokens}"
+        + (f" --attention-backend {args.attention_backend}" if args.attention_backend != "auto" else "")
         + (" --largest-only" if args.largest_only else "") + (" --no-study" if args.no_study else "") + "`",
         f"Environment: {environment()}",
         f"Model {lm.name} (float32, sdpa), {args.instances} `base` instances of ~{args.tokens} context tokens "
@@ -159,6 +241,8 @@ def main() -> int:
         + (" Above 1: the kvpress loop also pays costs that are not FLOPs (a pipeline call per cell, and each cell's "
            "answer decoded step by step at batch 1, where a step costs more per token than a batched one; see "
            "profile_grid), which kvroute's batched cells share." if speedup > bound else ""),
+        "",
+        f"kvroute at {n_big} cells: {fraction}.",
         "",
         f"speedup: {speedup:.1f}",
         f"ratio to ceiling: {speedup / bound:.2f}",
