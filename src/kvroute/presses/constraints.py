@@ -42,27 +42,16 @@ from kvroute.errors import ConfigError, EngineError
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import ScoreInputs, Scorer, check_params
 from kvroute.presses.selection.base import ScoreVariant, Selection, n_kept, topk_mask
-from kvroute.presses.spec import ComponentSpec, parse_component
+from kvroute.presses.spec import Component, ComponentSpec, parse_component
 from kvroute.registry import Registry
 
 
-class Constraint:
+class Constraint(Component):
     """A serving constraint: a dataclass whose fields are its parameters (see the module docstring)."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
     schema: ClassVar[dict[str, Param]] = {}
-
-    @classmethod
-    def parameters(cls) -> dict[str, Any]:
-        import dataclasses
-
-        return {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
-
-    def spec(self) -> ComponentSpec:
-        defaults = self.parameters()
-        return ComponentSpec(self.name, tuple(sorted((k, getattr(self, k)) for k in defaults
-                                                     if getattr(self, k) != defaults[k])))
 
 
 CONSTRAINTS: Registry[type[Constraint]] = Registry("constraint")

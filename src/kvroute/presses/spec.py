@@ -11,9 +11,10 @@ loads.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kvroute.errors import ConfigError
 
@@ -22,6 +23,31 @@ _PART = re.compile(r"^\s*([A-Za-z_][\w.:]*)\s*(?:\[(.*)\])?\s*$")
 DEFAULT_SELECTION = "per_head"
 #: names of the serving constraints (kvroute.presses.constraints registers them; a test holds the two equal)
 CONSTRAINT_NAMES = frozenset({"paged", "uniform", "layer_budget"})
+
+
+class Component:
+    """What scorers, selections and constraints share: a dataclass whose fields are its user-visible parameters,
+    written back as a :class:`ComponentSpec` that names only the parameters set away from their defaults."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def parameters(cls) -> dict[str, Any]:
+        """User-visible parameters and their defaults."""
+        return {f.name: _field_default(f) for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+
+    def spec(self) -> ComponentSpec:
+        defaults = self.parameters()
+        return ComponentSpec(self.name, tuple(sorted((k, getattr(self, k)) for k in defaults
+                                                     if getattr(self, k) != defaults[k])))
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
 
 
 def _parse_value(text: str) -> Any:

@@ -7,7 +7,6 @@ scores, higher = more important. Selection strategies turn scores into a KeepMas
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ from torch import nn
 
 from kvroute.errors import ConfigError, EngineError, UnknownNameError
 from kvroute.presses.params import Param
-from kvroute.presses.spec import DEFAULT_SELECTION, ComponentSpec, parse_component
+from kvroute.presses.spec import DEFAULT_SELECTION, Component, ComponentSpec, parse_component
 from kvroute.registry import Registry
 
 
@@ -50,7 +49,7 @@ class ModelScoreInputs:
     seed: int = 0
 
 
-class Scorer(ABC):
+class Scorer(Component, ABC):
     """Base class. Subclasses are dataclasses whose fields are their user-visible parameters."""
 
     name: ClassVar[str]
@@ -96,25 +95,6 @@ class Scorer(ABC):
     def score_model(self, x: ModelScoreInputs, ratio: float) -> torch.Tensor:
         """Scores ``[L, Hkv, T]`` of every layer at once, after the prefill (only when ``scores_after_prefill``)."""
         raise NotImplementedError(f"{self.name} scores layer by layer (score), not after the prefill")
-
-    @classmethod
-    def parameters(cls) -> dict[str, Any]:
-        """User-visible parameters and their defaults."""
-        return {f.name: _default(f) for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
-
-    def spec(self) -> ComponentSpec:
-        params = {k: getattr(self, k) for k in self.parameters()}
-        defaults = self.parameters()
-        return ComponentSpec(self.name, tuple(sorted((k, v) for k, v in params.items() if v != defaults[k])))
-
-
-def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return None
-
 
 # names not registered here are looked up as an import path (module:Class) or an installed plugin: the fallback
 # is set by kvroute.presses.plugins (which builds on this module), imported by the scorers package

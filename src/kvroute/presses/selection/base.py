@@ -17,7 +17,7 @@ import torch
 from kvroute.errors import ConfigError, EngineError
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import ScoreInputs, Scorer, check_params
-from kvroute.presses.spec import ComponentSpec, parse_component
+from kvroute.presses.spec import Component, ComponentSpec, parse_component
 from kvroute.registry import Registry
 
 #: significant digits of a ratio: 0.3 and 0.1 + 0.2 (0.30000000000000004) are one ratio, not two cells
@@ -67,7 +67,7 @@ class ScoreVariant:
 FULL = ScoreVariant()
 
 
-class Selection(ABC):
+class Selection(Component, ABC):
     """Subclasses are dataclasses whose fields are their parameters.
 
     Three steps, each overridable: :meth:`score_layer` runs the press's scorer on one layer in the
@@ -129,17 +129,6 @@ class Selection(ABC):
         Raises :class:`~kvroute.errors.EngineError` saying why when kvpress has none.
         """
         raise EngineError(f"selection {self.name!r} is kvroute's own; kvpress has no press that selects this way")
-
-    @classmethod
-    def parameters(cls) -> dict[str, Any]:
-        import dataclasses
-
-        return {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
-
-    def spec(self) -> ComponentSpec:
-        defaults = self.parameters()
-        return ComponentSpec(self.name, tuple(sorted((k, getattr(self, k)) for k in defaults
-                                                     if getattr(self, k) != defaults[k])))
 
 
 def scorer_press(scorer: Scorer, ratio: float, question_window: int, wrapper: str) -> Any:
