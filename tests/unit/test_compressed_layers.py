@@ -86,3 +86,16 @@ def test_evidence_reached_only_through_a_layer_left_whole_is_not_reachable():
     assert rec["reachable"] is False
     rec = Accessibility().compute(_ctx(KeepMask(keep, "p", 0.1), evidence=[2], attention=attention))
     assert rec["reachable"] is True  # read over every layer, the uncompressed layer 0 reaches it
+
+
+@pytest.mark.parametrize("condition", ["answer", "evidence@layers:1-2", "answer@slots:3.1", "random@heads:0"])
+def test_a_restoration_keeps_the_masks_compressed_layers(condition):
+    from kvroute.presses.restore import Restore
+
+    keep = torch.zeros(L, HKV, T, dtype=torch.bool)
+    keep[..., :4] = True
+    mask = KeepMask(keep, "p", 0.6).with_layers(GLOBAL)
+    restored = Restore.parse(condition).apply(mask, answer=[6, 7], evidence=[5, 6, 7])
+    assert restored.layers == GLOBAL and restored.left_whole == [0, 2]
+    assert restored.kept_fraction > mask.kept_fraction  # still counted over the compressed layers only
+    assert restored.kept_fraction == pytest.approx(float(restored.mask[list(GLOBAL)].float().mean()))

@@ -204,7 +204,7 @@ class Engine:
                                           consensus=consensus(pre, q_ids) if cond.target == "consensus" else None,
                                           retrieval=self._retrieval_kv() if cond.needs_retrieval_heads else None,
                                           distractors=distractors)
-                    mask = restored.with_layers(mask.layers) if i in cell_key else mask
+                    mask = restored if i in cell_key else mask
                 masks.append(mask)
             except CELL_ERRORS as e:
                 if not cell_errors:

@@ -52,6 +52,11 @@ class KeepMask:
             return self.mask
         return self.mask[list(self.layers)]
 
+    def replaced(self, mask: torch.Tensor) -> KeepMask:
+        """A KeepMask of the same press, ratio and compressed layers holding ``mask`` (a restoration's: entries only
+        ever added, so the layers left whole stay whole)."""
+        return KeepMask(mask, self.press, self.ratio, self.layers)
+
     def with_layers(self, layers: tuple[int, ...] | None) -> KeepMask:
         """This mask with only ``layers`` compressed: every other layer's rows set to True (kept whole)."""
         if layers is None or len(layers) == self.mask.shape[0]:

@@ -191,12 +191,12 @@ class Restore:
                 raise EngineError(f"restore={self}: the full cache's consensus positions were not computed")
             for layer in layers:
                 keep[layer, hi, consensus[layer]] = True
-            return KeepMask(keep, mask.press, mask.ratio)
+            return mask.replaced(keep)
         pos = torch.as_tensor(self.positions(T, answer, evidence, seed, distractors), dtype=torch.long,
                               device=keep.device)
         li = torch.as_tensor(layers, dtype=torch.long, device=keep.device)
         keep[li[:, None, None], hi[None, :, None], pos[None, None, :]] = True
-        return KeepMask(keep, mask.press, mask.ratio)
+        return mask.replaced(keep)
 
     def _apply_pairs(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], seed: int,
                      consensus: Sequence[int] | None, layers: list[int],
@@ -229,7 +229,7 @@ class Restore:
             raise EngineError(f"restore={self}: slot {bad[0][0]}.{bad[0][1]} is outside this model's {L} layers × "
                               f"{Hkv} KV heads (0-{L - 1}, 0-{Hkv - 1})")
         if not self.slots:
-            return KeepMask(mask.mask.clone(), mask.press, mask.ratio)
+            return mask.replaced(mask.mask.clone())
         return self._keep_pairs(mask, answer, evidence, seed, consensus, list(self.slots), distractors)
 
     def _keep_pairs(self, mask: KeepMask, answer: Sequence[int], evidence: Sequence[int], seed: int,
@@ -243,13 +243,13 @@ class Restore:
                 raise EngineError(f"restore={self}: the full cache's consensus positions were not computed")
             for layer, h in pairs:
                 keep[layer, h, consensus[layer]] = True
-            return KeepMask(keep, mask.press, mask.ratio)
+            return mask.replaced(keep)
         pos = torch.as_tensor(self.positions(T, answer, evidence, seed, distractors), dtype=torch.long,
                               device=keep.device)
         li = torch.as_tensor([p[0] for p in pairs], dtype=torch.long, device=keep.device)
         hi = torch.as_tensor([p[1] for p in pairs], dtype=torch.long, device=keep.device)
         keep[li[:, None], hi[:, None], pos[None, :]] = True
-        return KeepMask(keep, mask.press, mask.ratio)
+        return mask.replaced(keep)
 
 
 def _slots(spec: str, value: str) -> tuple[Slot, ...]:
