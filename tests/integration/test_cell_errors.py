@@ -123,7 +123,7 @@ def test_a_metric_error_fails_only_its_cell(lm, monkeypatch):
 def test_unexpected_errors_are_not_swallowed(lm, monkeypatch, exc):
     from kvroute.presses.press import Press
 
-    def boom(self, scores, ratio, aux=None):
+    def boom(self, scores, ratio, aux=None, layers=None):
         raise exc
 
     monkeypatch.setattr(Press, "keep_mask", boom)
