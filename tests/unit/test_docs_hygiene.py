@@ -34,6 +34,8 @@ HEX_WORD = re.compile(r"(?<![\w])[0-9a-f]{7,40}(?![\w])")
 ALLOWED_HEX = {
     # the example instance of the task format: its `id` is 16 hex digits of SHA-256 over the content
     "docs/tasks.md": {"fd08d5a219932cf9"},
+    # instance ids of the tiny models' equivalence runs, in the generated support table's list of differences
+    "docs/models.md": {"850b6e4487285ce4", "404b3b553a8ee057"},
 }
 
 #: A measured duration: a number (digits, optionally with thousands commas or a decimal part) followed, after at
