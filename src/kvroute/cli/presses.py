@@ -18,7 +18,7 @@ from kvroute.cli.core import (
 )
 from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from kvroute.console import RichProgress, console, print_json, print_table
-from kvroute.errors import KvrouteError
+from kvroute.errors import EngineError, KvrouteError
 
 presses_app = _App(help="Scorers and selection strategies (a press is scorer or scorer+selection).",
                    no_args_is_help=True)
@@ -229,6 +229,9 @@ def presses_check(
             for inst in instances:
                 res = compare_prompt(engine, build_prompt(lm.tokenizer, inst, regime=regime), cells, seed=seed,
                                      pipeline=pipe, prompt_id=inst.id)
+                if all(c.ours is None for c in res.cells):  # kvroute refuses the press here: nothing to compare
+                    first = res.cells[0]
+                    raise EngineError(f"cell {first.cell.press} @ {first.cell.ratio:g}: {first.refused}")
                 for c in tally.add(res):
                     console.print(f"mismatch {escape(c.describe())}", highlight=False, soft_wrap=True)
                 bar.advance()
