@@ -22,6 +22,7 @@ from kvroute.engine.attention.gather import GATHER_MIN_QUERIES
 from kvroute.engine.attention.streaming import ATTENTION_SHARE, context_chunk
 from kvroute.engine.cache import SuffixCache
 from kvroute.engine.linear import onednn_linear
+from kvroute.engine.observers import Observers, positions
 from kvroute.engine.plan import MemoryShape, plan_batch
 from kvroute.engine.prefill import PrefillResult
 from kvroute.errors import EngineError
@@ -259,14 +260,6 @@ def _emit(results: list[CellOutput], rows: torch.Tensor, pending: torch.Tensor, 
     return torch.tensor(done, dtype=torch.bool, device=pending.device)
 
 
-def _stack_layers(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
-    """Per-layer captures ``[b, H, K]`` stacked to ``[b, L, H, K]``; every layer must have reported."""
-    missing = [i for i, t in enumerate(per_layer) if t is None]
-    if missing:
-        raise EngineError(f"the masked attention reported no probabilities for layers {missing}")
-    return torch.stack([t for t in per_layer if t is not None], dim=1)
-
-
 @torch.inference_mode()
 def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_ids: Sequence[int],
                  masks: Sequence[KeepMask], *, gold_ids: Sequence[int] | None = None,
@@ -310,8 +303,8 @@ def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_
     return out
 
 
-# complexity: one batch's question forward, captures and greedy steps share the batch's state (rows, cache, masks);
-# a split would pass it around in pieces. Checked by the engine's equivalence tests against kvpress and pruning.
+# complexity: one batch's question forward and greedy steps share the batch's state (rows, cache, masks); the
+# captures are the observers' (kvroute.engine.observers). Checked by the engine's equivalence tests.
 def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],  # noqa: C901
                   masks: Sequence[KeepMask], gold: list[int], track: Mapping[str, Sequence[int]],
                   settings: DecodeSettings, lens_ids: list[int] | None = None,
@@ -329,68 +322,37 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
     feed = [] if settings.keep_generated_rows else draft_feed(draft or [], stop, settings.max_new_tokens)
     cache = SuffixCache(L, B, Hkv, D, Q + max(G, len(feed) + settings.max_new_tokens) + 1, T, pre.keys[0].dtype,
                         device)
-    track_idx = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in track.items()}
 
     results = [CellOutput(tokens=[], text="") for _ in range(B)]
-    rows = torch.arange(B, device=device)  # active batch row -> cell index
-    # "forward": -1 in the question forward, else the number of decode forwards so far; "fed": per active row, the
-    # generated tokens already fed back (the generated-token index of a forward's first query)
-    state: dict[str, Any] = {"forward": -1, "fed": torch.zeros(B, dtype=torch.long, device=device)}
-    capture = settings.capture
     config: Any = model.config
     H: int = getattr(config, "text_config", config).num_attention_heads
-    # the last prompt token's attention rows, written layer by layer into one buffer (no second copy to stack)
-    last = torch.empty(B, L, H, T + Q, device=device) if capture else None
-    seen: set[int] = set()
-    gen_mass = {k: torch.zeros(B, settings.max_new_tokens, L, H, device=device) for k in track_idx}
-    gen_arg = (torch.zeros(B, settings.max_new_tokens, L, H, dtype=torch.long, device=device) if settings.argmax
-               else None)
-    gen_rows: list[list[torch.Tensor | None]] = []
-
-    def on_probs(layer: int, row: torch.Tensor, query: int) -> None:  # row [b, H, T + s] float32, one query per cell
-        if state["forward"] < 0:  # the question forward: the row of the last prompt token (query index Q - 1)
-            assert last is not None
-            last[:, layer] = row[..., : T + Q]
-            seen.add(layer)
-            return
-        steps = state["fed"] + query  # per active row: the generated token this query is
-        for name, idx in track_idx.items():
-            gen_mass[name][rows, steps, layer] = row.index_select(-1, idx).sum(-1)  # [b, H]
-        if gen_arg is not None:
-            gen_arg[rows, steps, layer] = row[..., :T].argmax(-1)  # [b, H]
-        if settings.keep_generated_rows:
-            gen_rows[state["forward"]][layer] = row.half()
-
+    obs = Observers(B, L, H, T, Q, positions(track, device), device, new=settings.max_new_tokens,
+                    capture=settings.capture, argmax=settings.argmax, keep_rows=settings.keep_generated_rows)
+    rows = obs.rows  # active batch row -> cell index
     budget = settings.attention_memory  # decode_cells sets it (the default: a share of the free memory)
     assert budget is not None
 
     def chunk(cells: int, queries: int, keys: int) -> int | None:  # the context chunk of one forward (None: at once)
         return context_chunk(cells, H, queries, keys, budget)
 
-    ctx = MaskedContext(pre.keys, pre.values, keep, on_probs if capture else None, capture_query=Q - 1,
-                        context_chunk=chunk(B, Q + G, T + Q + G), budget=budget,
+    ctx = MaskedContext(pre.keys, pre.values, keep, context_chunk=chunk(B, Q + G, T + Q + G), budget=budget,
                         gather_from=GATHER_MIN_QUERIES if settings.gather else None,
                         backend=resolve_backend(settings.attention_backend))
+    obs.question(ctx)
     with masked_attention(model, ctx), onednn_linear(model):  # (the linear layers: kvroute.engine.linear)
         # 1) question (+ teacher-forced gold answer) for all cells
         ids = torch.tensor([question + gold], device=device).expand(B, -1)
         pos = torch.arange(T, T + Q + G, device=device)
         res = model(input_ids=ids, past_key_values=cache, position_ids=pos.unsqueeze(0).expand(B, -1),
                     cache_position=pos, use_cache=True, logits_to_keep=G + 1,
-                    output_hidden_states=capture or bool(lens_ids) or bool(lens_seqs))
+                    output_hidden_states=settings.capture or bool(lens_ids) or bool(lens_seqs))
         logits = res.logits  # [B, G + 1, V]: positions Q-1 … Q+G-1
         if G:
             logp = torch.log_softmax(logits[:, :G].float(), dim=-1)  # [B, G, V]
             gold_lp = logp.gather(-1, torch.tensor(gold, device=device).view(1, G, 1).expand(B, G, 1)).sum((1, 2))
             for b in range(B):
                 results[b].gold_logprob = float(gold_lp[b])
-        if capture:
-            hs = torch.stack([h[:, Q - 1] for h in res.hidden_states], dim=1)  # [B, L + 1, hidden]
-            if missing := sorted(set(range(L)) - seen):
-                raise EngineError(f"the masked attention reported no probabilities for layers {missing}")
-            assert last is not None
-            for b in range(B):
-                results[b].last_attention, results[b].hidden = last[b], hs[b].float()
+        obs.question_done(results, res.hidden_states if settings.capture else ())
         if lens_ids or lens_seqs:  # one lens pass at the last prompt token: lens_ids, then each sequence's first token
             n = len(lens_ids or [])
             lens_lp, lens_rank = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0],
@@ -408,15 +370,14 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
             for b in range(B):
                 results[b].logits = logits[b].float().clone()
         cache.truncate(Q)
-        if not (track_idx or settings.keep_generated_rows or settings.argmax):
-            ctx.on_probs = None  # nothing is read from the decode steps' attention rows
+        obs.generated(ctx)  # from here on, forwards feed generated tokens back
         nxt = logits[:, 0].argmax(-1)  # [B]: each cell's first generated token
         # 2) the draft (the full cache's answer) verified in one forward: each cell's tokens up to and including
         # its first disagreement with the draft; the rejected draft slots are masked out of the cell's suffix
         pending = nxt.view(B, 1)  # per row, the tokens to emit now (the last of them is not fed yet)
-        fed = state["fed"]
+        fed = obs.fed
         if feed:
-            state["forward"] = 0
+            obs.forward = 0
             ctx.capture_query = None  # every query: the generated-token masses of each fed draft token
             ctx.context_chunk = chunk(B, len(feed), T + Q + len(feed))
             pending, fed, ctx.suffix_keep = _verify_draft(model, cache, feed, nxt, T, Q)
@@ -433,26 +394,16 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
                 rows, nxt, fed = rows[alive], nxt[alive], fed[alive]
                 cache.keep_rows(alive)
                 ctx.select(alive)
-            state["forward"] += 1
-            state["fed"] = fed
-            if settings.keep_generated_rows:
-                gen_rows.append([None] * L)
+            obs.forward += 1
+            obs.rows, obs.fed = rows, fed
+            obs.step()
             slot = torch.full((1,), T + cache.lens[0], device=device)  # where the new K/V go (= position, no draft)
             res = model(input_ids=nxt.view(-1, 1), past_key_values=cache, position_ids=(T + Q + fed).view(-1, 1),
                         cache_position=slot, use_cache=True, logits_to_keep=1)
             fed = fed + 1
             pending = res.logits[:, -1].argmax(-1).view(-1, 1)
-            if settings.keep_generated_rows:
-                stacked = _stack_layers(gen_rows[state["forward"]])  # [b, L, H, T + Q + step + 1]
-                for j, r in enumerate(rows.tolist()):
-                    if results[r].generated_rows is None:
-                        results[r].generated_rows = []
-                    results[r].generated_rows.append(stacked[j])
-    for b, r in enumerate(results):
+            obs.step_done(results)
+    for r in results:
         r.text = tokenizer.decode(r.tokens, skip_special_tokens=True) if tokenizer is not None else ""
-        n = max(len(r.tokens) - 1, 0)  # generated tokens that were fed back in
-        if capture and track_idx:
-            r.generated_mass = {k: v[b, :n].clone() for k, v in gen_mass.items()}
-        if gen_arg is not None:
-            r.generated_argmax = gen_arg[b, :n].clone()
+    obs.done(results)
     return results

@@ -3,14 +3,15 @@
 Every backend computes the same thing for one layer's forward of B cells (:class:`AttentionCall`):
 ``softmax([q·K_ctxᵀ masked by keep[cell, kv_head], q·K_sufᵀ causal]) · [V_ctx; V_suf]`` as ``[Hkv, B, G·q, D]``.
 ``reference`` is the definition (explicit scores and softmax, :mod:`kvroute.engine.attention.reference`) and the
-only one that hands the captured probability rows from its own softmax; every other backend is checked against it
-within 1e-5 at float32 (tests/unit/test_attention_backends.py), and where a call captures rows and the backend does
-not, the rows are computed on their own (:func:`kvroute.engine.attention.streaming.probability_rows`).
+only one that hands the captures (probability rows, tracked masses) from its own softmax; every other backend is
+checked against it within 1e-5 at float32 (tests/unit/test_attention_backends.py), and where a call captures and the
+backend does not, the captures are computed on their own (:func:`kvroute.engine.attention.capture.deliver`: whole
+rows by :func:`~kvroute.engine.attention.streaming.probability_rows`, tracked masses from the backend's log-sum-exp
+where it returns one, :attr:`Backend.lse`).
 
-The setting ``decoding.attention_backend`` is ``"auto"`` (the rule of :func:`choose`, which is the engine's choice
-from before the backends had names, so records do not change) or one backend's name, which then runs every forward
-it serves (:meth:`Backend.serves`), the rule the others. Which backends ran is counted per process
-(:func:`ran`) and recorded in the run's manifest per session.
+The setting ``decoding.attention_backend`` is ``"auto"`` (the rule of :func:`choose`) or one backend's name, which
+then runs every forward it serves (:meth:`Backend.serves`), the rule the others. Which backends ran is counted per
+process (:func:`ran`) and recorded in the run's manifest per session.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class AttentionCall:
 
     @property
     def captured(self) -> range:
-        """The query indices whose probability rows the context's ``on_probs`` receives."""
+        """The query indices whose captures the context's observers (``on_probs``, ``on_masses``) receive."""
         return self.ctx.captured(self.q)
 
     @property
@@ -102,8 +103,11 @@ class Backend(ABC):
     name: ClassVar[str]
     #: the device types it runs on
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
-    #: whether it hands the captured probability rows from its own softmax (else they are computed beside it)
+    #: whether it hands the captures from its own softmax (else they are computed beside it)
     captures: ClassVar[bool] = False
+    #: whether :meth:`attend` returns its rows' log-sum-exp, from which the captured masses are computed at the
+    #: tracked positions alone (:func:`kvroute.engine.attention.capture.deliver`)
+    lse: ClassVar[bool] = False
     #: whether it serves question forwards (several queries per cell) and decode steps (one)
     question: ClassVar[bool] = True
     decode: ClassVar[bool] = True
@@ -121,7 +125,13 @@ class Backend(ABC):
     @abstractmethod
     def forward(self, call: AttentionCall) -> torch.Tensor:
         """The attention output ``[Hkv, B, G·q, D]`` in the query's dtype. A backend with :attr:`captures` also
-        hands the rows of ``call.captured`` to ``call.ctx.on_probs``."""
+        hands the captures of ``call.captured`` to the context's observers
+        (:func:`kvroute.engine.attention.capture.deliver`)."""
+
+    def attend(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward`'s output and, for a backend with :attr:`lse`, each row's log-sum-exp over every key it
+        attends (context and suffix: the softmax's joint normaliser), float32 ``[Hkv, B, G·q]``; else None."""
+        return self.forward(call), None
 
 
 BACKENDS: Registry[Backend] = Registry("attention backend", hint='Or "auto". List them with kvroute.engine.attention.'

@@ -92,6 +92,12 @@ class MaskedContext:
     # which backend computes each forward (kvroute.engine.attention.backend): "auto" (the rule) unless a setting names
     # one; resolved, environment overrides included, when the context is made (never at import)
     backend: BackendChoice = field(default_factory=BackendChoice.from_env)
+    # called with (layer_idx, masses [B, H, n], query index) when set, for the same query indices as ``on_probs``:
+    # the attention probability each query head puts on each of the ``n`` position sets ``mass_sets`` (int64
+    # positions into the T + s keys, context then suffix), summed. Unlike ``on_probs`` it needs no whole row: a
+    # backend that returns its rows' log-sum-exp serves it with the scores at those positions only (capture.py)
+    on_masses: Callable[[int, torch.Tensor, int], None] | None = None
+    mass_sets: tuple[torch.Tensor, ...] = ()
     # per layer, the additive form of ``keep`` (kvroute.engine.attention.streaming.keep_bias, two bytes an entry) and
     # which
     # (KV head, cell) pairs keep nothing, built on first use and reused by every forward of the batch; emptied when
@@ -150,19 +156,20 @@ class MaskedContext:
     @contextlib.contextmanager
     def rows_of(self, rows: torch.Tensor) -> Iterator[None]:
         """Within the block, row i of a forward is cell ``rows[i]`` (cells may repeat) and nothing is captured;
-        afterwards ``keep``, ``on_probs`` and the cached masks are as before."""
-        saved = self.keep, self.on_probs, self._bias, self._empty, self._index
-        self.keep, self.on_probs = self.keep.index_select(0, rows), None
+        afterwards ``keep``, ``on_probs``, ``on_masses`` and the cached masks are as before."""
+        saved = self.keep, self.on_probs, self.on_masses, self._bias, self._empty, self._index
+        self.keep, self.on_probs, self.on_masses = self.keep.index_select(0, rows), None, None
         try:
             yield
         finally:
-            self.keep, self.on_probs = saved[:2]
-            super().__setattr__("_bias", saved[2])  # (replacing keep emptied the caches)
-            super().__setattr__("_empty", saved[3])
-            super().__setattr__("_index", saved[4])
+            self.keep, self.on_probs, self.on_masses = saved[:3]
+            super().__setattr__("_bias", saved[3])  # (replacing keep emptied the caches)
+            super().__setattr__("_empty", saved[4])
+            super().__setattr__("_index", saved[5])
 
     def captured(self, q: int) -> range:
-        """The query indices of a forward of ``q`` queries whose attention rows ``on_probs`` receives."""
-        if self.on_probs is None:
+        """The query indices of a forward of ``q`` queries whose attention rows ``on_probs`` (or masses ``on_masses``)
+        receives."""
+        if self.on_probs is None and self.on_masses is None:
             return range(0)
         return range(q) if self.capture_query is None else range(self.capture_query % q, self.capture_query % q + 1)

@@ -24,9 +24,9 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvroute.engine.attention.backend import AUTO, BACKENDS, AttentionCall, Backend, record
+from kvroute.engine.attention.capture import deliver
 from kvroute.engine.attention.context import MaskedContext
 from kvroute.engine.attention.gather import gather_limit, gathered_bytes
-from kvroute.engine.attention.streaming import probability_rows
 from kvroute.errors import EngineError
 
 IMPLEMENTATION = "kvroute_masked"
@@ -59,26 +59,33 @@ def _masked_attention_forward(module: Any, query: torch.Tensor, key: torch.Tenso
     call = AttentionCall(ctx, layer, qg, k_ctx, v_ctx, key, value, q, scale, own)
     backend = choose(call)
     record(backend.name)
-    if not backend.captures:  # the captured rows on their own (the other queries' rows are never materialised)
+    if backend.captures or not call.captured:
+        out = backend.forward(call)  # [Hkv, B, G·q, D]
+    else:  # the captures on their own, beside the backend (the other queries' rows are never materialised)
+        out, lse = backend.attend(call) if ctx.on_masses is not None else (backend.forward(call), None)
         for i in call.captured:
-            assert ctx.on_probs is not None
-            ctx.on_probs(layer, probability_rows(qg, k_ctx, call.bias(), key, q=q, index=i, scale=scale, own=own), i)
-    out = backend.forward(call)  # [Hkv, B, G·q, D]
+            deliver(call, i, lse=lse)
     # [Hkv, B, G·q, D] -> [B, Hkv, G, q, D] -> [B, q, H, D]
     return out.transpose(0, 1).reshape(B, Hkv, G, q, D).reshape(B, H, q, D).transpose(1, 2).contiguous(), None
 
 
 def choose(call: AttentionCall) -> Backend:
-    """The backend of one forward: the one the setting names where it serves the call, else the ``auto`` rule, the
-    engine's choice from before the backends had names (so records do not change), in this order:
+    """The backend of one forward: the one the setting names where it serves the call, else the ``auto`` rule, in
+    this order:
 
     1. ``gathered`` where the forward has at least ``gather_from`` queries per cell (the question forward) and one
        query row of one cell over the whole context fits the gathered slice's limit; else ``chunked`` where the
        memory planner set a context chunk smaller than the context;
-    2. ``kept`` in place of either, or of a one-shot forward that captures no rows, where the kernel serves the call
-       (a CPU with AVX-512, float32, a head size it was built for, at most ``KEPT_MAX_ROWS`` rows per pair);
-    3. otherwise one shot: ``fused`` where PyTorch's fused CPU kernel serves it, the context is not empty and no rows
-       are captured, else ``reference``, which hands the captured rows from its own softmax.
+    2. ``kept`` in place of either, or of a one-shot forward, where the kernel serves the call (a CPU with AVX-512,
+       float32, a head size it was built for, at most ``KEPT_MAX_ROWS`` rows per pair);
+    3. otherwise one shot: ``fused`` where PyTorch's fused CPU kernel serves it and the context is not empty, else
+       ``reference``.
+
+    A forward's captures are computed beside the backend (:func:`kvroute.engine.attention.capture.deliver`): the
+    whole rows of the queries captured (the question forward's last) and tracked masses from the backend's
+    log-sum-exp. Only a one-shot forward that captures the whole row of every query it has (a decode step's rows for
+    the argmax or ``keep_generated_rows``) keeps to ``reference`` in steps 2 and 3: its own softmax is those rows,
+    which beside a fast backend would be computed a second time.
     """
     ctx = call.ctx
     if ctx.backend.name != AUTO:
@@ -90,13 +97,14 @@ def choose(call: AttentionCall) -> Backend:
         gathered_bytes(1, call.qg.shape[1], 1, T, call.key.shape[2], call.qg.shape[3], call.k_ctx.element_size())
         <= gather_limit(ctx.budget))
     chunked = not gather and ctx.context_chunk is not None and ctx.context_chunk < T
+    every_row = ctx.on_probs is not None and len(call.captured) == call.q  # each query's whole row is captured
     kept = BACKENDS.get("kept")
-    if (gather or chunked or not call.captured) and kept.serves(call):
+    if (gather or chunked or not every_row) and kept.serves(call):
         return kept
     if gather or chunked:
         return BACKENDS.get("gathered" if gather else "chunked")
     fused = BACKENDS.get("fused")
-    if T and not call.captured and fused.serves(call):
+    if T and not every_row and fused.serves(call):
         return fused
     return BACKENDS.get("reference")
 

@@ -174,6 +174,7 @@ class Kept(Backend):
 
     name = "kept"
     devices = ("cpu",)
+    lse = True
 
     def available(self) -> Availability:
         if not ENABLED:
@@ -188,8 +189,10 @@ class Kept(Backend):
         return call.T > 0 and call.ctx.backend.kept and kept_available(call.qg, call.qg.shape[2])
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
+        return self.attend(call)[0]
+
+    def attend(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         offsets, index = call.ctx.context_index(call.layer)
-        # context and suffix in one online softmax: [Hkv, B, G·q, D]
-        out, _ = kept_context(call.qg, call.k_ctx, call.v_ctx, offsets, index, scale=call.scale, key=call.key,
-                              value=call.value, q=call.q, own=call.own)
-        return out
+        # context and suffix in one online softmax: [Hkv, B, G·q, D] and the joint log-sum-exp [Hkv, B, G·q]
+        return kept_context(call.qg, call.k_ctx, call.v_ctx, offsets, index, scale=call.scale, key=call.key,
+                            value=call.value, q=call.q, own=call.own)

@@ -1,11 +1,13 @@
 """The reference backend: explicit scores, masked, one softmax over [context; suffix]. The definition of the masked
-attention, the form that hands the captured rows, and the one every other backend is tested against."""
+attention, the form that hands the captures from its own softmax, and the one every other backend is tested
+against."""
 
 from __future__ import annotations
 
 import torch
 
 from kvroute.engine.attention.backend import AttentionCall, Backend, register
+from kvroute.engine.attention.capture import deliver
 from kvroute.engine.attention.streaming import suffix_causal
 
 
@@ -30,10 +32,9 @@ class Reference(Backend):
             s_suf.masked_fill_(~own[None, :, None, :], float("-inf"))
 
         probs = torch.softmax(torch.cat([s_ctx, s_suf], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G·q, T+s]
-        for i in call.captured:
-            assert call.ctx.on_probs is not None
+        for i in call.captured:  # the captures from this softmax (capture.deliver: the rows, and masses from them)
             rows = probs[:, :, i::q, :]  # [Hkv, B, G, T+s]: rows g·q + i, i.e. query index i of each group head
-            call.ctx.on_probs(call.layer, rows.transpose(0, 1).reshape(B, Hkv * G, T + s), i)  # query head kv·G + g
+            deliver(call, i, rows=rows.transpose(0, 1).reshape(B, Hkv * G, T + s))  # query head kv·G + g
         p = probs.to(qg.dtype)
         out = torch.bmm(p[..., :T].reshape(Hkv, B * G * q, T), v_ctx).view(Hkv, B, G * q, D)
         return out + torch.matmul(p[..., T:], value.transpose(0, 1))  # [Hkv, B, G·q, s] @ [Hkv, B, s, D]

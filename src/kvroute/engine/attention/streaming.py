@@ -94,12 +94,19 @@ def fused_context(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
 
 def with_suffix(out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor, s_suf: torch.Tensor, v_suf: torch.Tensor,
                 dtype: torch.dtype) -> torch.Tensor:
+    """The softmax over [context; suffix] from its two parts (:func:`joined`), its output alone."""
+    return joined(out, lse, empty, s_suf, v_suf, dtype)[0]
+
+
+def joined(out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor, s_suf: torch.Tensor, v_suf: torch.Tensor,
+           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The softmax over [context; suffix] from its two parts: the context part as :func:`fused_context` gives it
     (``out`` ``[Hkv, B, R, D]``, ``lse`` ``[Hkv, B, R]``), the suffix part as float32 scores ``s_suf``
     ``[Hkv, B, R, s]`` (:func:`suffix_scores`) with values ``v_suf`` ``[Hkv, B, s, D]``. ``empty`` bool
     ``[Hkv, B, 1]``: the (KV head, cell) pairs that keep no context entry, whose context part weighs 0 (the kernel
     reports 0 for their output and their log-sum-exp alike, so they are named, not read from ``lse``). Every row
-    sees its own suffix position, so the joint maximum is finite."""
+    sees its own suffix position, so the joint maximum is finite. Returns the output ``[Hkv, B, R, D]`` in ``dtype``
+    and the joint log-sum-exp ``[Hkv, B, R]`` float32."""
     lse = lse.masked_fill(empty, float("-inf"))
     m = torch.maximum(lse, s_suf.amax(-1))  # [Hkv, B, R]
     wc = torch.exp(lse - m)  # the context part's share of the normaliser (0 where nothing is kept)
@@ -107,7 +114,7 @@ def with_suffix(out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor, s_suf
     total = wc + es.sum(-1)
     ctx = out.float()
     joint = ctx * (wc / total).unsqueeze(-1) + torch.matmul(es / total.unsqueeze(-1), v_suf.float())
-    return joint.to(dtype)
+    return joint.to(dtype), m.float() + torch.log(total.float())
 
 
 def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, bias: torch.Tensor,
@@ -143,23 +150,62 @@ def chunked_context_attention(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torc
     return (acc / total).to(qg.dtype)
 
 
+def row_scores(qg: torch.Tensor, k_ctx: torch.Tensor, bias: torch.Tensor, key: torch.Tensor, *, q: int, index: int,
+               scale: float, own: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The masked scores of query ``index`` (of the ``q``) of every cell and query head, ``[Hkv, B, G, P]`` in the
+    query's dtype: over all ``T + s`` keys (context, then the cells' own suffix), or at ``positions`` only (int64
+    ``[P]`` into those ``T + s``), −inf where the key is masked (not kept, after the query, or a suffix slot ``own``
+    leaves out). ``bias``: the cells' additive keep mask ``[Hkv, B, 1, T]`` (:func:`keep_bias`)."""
+    B, Hkv, R, D = qg.shape
+    G, T, s = R // q, k_ctx.shape[1], key.shape[2]
+    qi = qg[:, :, index::q]  # [B, Hkv, G, D]: query ``index`` of each head of the group
+    visible = torch.arange(s, device=qg.device) <= s - q + index  # [s]: the suffix keys the query may see (causal)
+    if positions is None:
+        sc = torch.bmm(qi.transpose(0, 1).reshape(Hkv, B * G, D), k_ctx.transpose(1, 2)).view(Hkv, B, G, T) * scale
+        sc.add_(bias)
+        ss = torch.matmul(qi, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G, s]
+        ss = ss.masked_fill(~visible, float("-inf"))
+        if own is not None:
+            ss = ss.masked_fill(~own[None, :, None, :], float("-inf"))
+        return torch.cat([sc, ss], dim=-1)
+    # only the keys at ``positions``: context ones from the shared keys, suffix ones from each cell's own
+    in_ctx = positions < T
+    at_ctx, at_suf = positions[in_ctx], positions[~in_ctx] - T
+    sc = torch.matmul(qi.transpose(0, 1), k_ctx[:, at_ctx].transpose(1, 2)[:, None]) * scale  # [Hkv, B, G, Pc]
+    sc.add_(bias[..., at_ctx])
+    ss = torch.matmul(qi, key[:, :, at_suf].transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G, Ps]
+    hidden = ~visible[at_suf]  # [Ps]
+    if own is not None:
+        hidden = hidden[None, :] | ~own[:, at_suf]  # [B, Ps]
+    ss = ss.masked_fill(hidden[None, :, None, :] if hidden.dim() == 2 else hidden, float("-inf"))
+    out = torch.empty(Hkv, B, G, positions.numel(), dtype=sc.dtype, device=qg.device)
+    out[..., in_ctx], out[..., ~in_ctx] = sc, ss
+    return out
+
+
 def probability_rows(qg: torch.Tensor, k_ctx: torch.Tensor, bias: torch.Tensor, key: torch.Tensor, *, q: int,
                      index: int, scale: float, own: torch.Tensor | None = None) -> torch.Tensor:
     """The float32 attention probabilities of query ``index`` (of the ``q``) of every cell and query head,
     ``[B, H, T + s]`` (query head = kv·G + g): the rows the metrics capture, without the other queries'. ``bias``:
     the cells' additive keep mask ``[Hkv, B, 1, T]`` (:func:`keep_bias`)."""
-    B, Hkv, R, D = qg.shape
-    G, T = R // q, k_ctx.shape[1]
-    qi = qg[:, :, index::q]  # [B, Hkv, G, D]: query ``index`` of each head of the group
-    sc = torch.bmm(qi.transpose(0, 1).reshape(Hkv, B * G, D), k_ctx.transpose(1, 2)).view(Hkv, B, G, T) * scale
-    sc.add_(bias)
-    s = key.shape[2]
-    ss = torch.matmul(qi, key.transpose(2, 3)).transpose(0, 1) * scale  # [Hkv, B, G, s]
-    ss = ss.masked_fill(torch.arange(s, device=qg.device) > s - q + index, float("-inf"))
-    if own is not None:
-        ss = ss.masked_fill(~own[None, :, None, :], float("-inf"))
-    probs = torch.softmax(torch.cat([sc, ss], dim=-1), dim=-1, dtype=torch.float32)  # [Hkv, B, G, T + s]
-    return probs.transpose(0, 1).reshape(B, Hkv * G, T + s)
+    B, Hkv, R, _ = qg.shape
+    sc = row_scores(qg, k_ctx, bias, key, q=q, index=index, scale=scale, own=own)  # [Hkv, B, G, T + s]
+    probs = torch.softmax(sc, dim=-1, dtype=torch.float32)
+    return probs.transpose(0, 1).reshape(B, Hkv * (R // q), sc.shape[-1])
+
+
+def probability_at(qg: torch.Tensor, k_ctx: torch.Tensor, bias: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
+                   positions: torch.Tensor, *, q: int, index: int, scale: float,
+                   own: torch.Tensor | None = None) -> torch.Tensor:
+    """The same probabilities as :func:`probability_rows`, at ``positions`` (int64 ``[P]`` into ``T + s``) only,
+    ``[B, H, P]``: ``exp(score − lse)`` from the scores there and the rows' log-sum-exp over every key ``lse``
+    ``[Hkv, B, G·q]`` (float32, rows in (g, i) order; the joint normaliser a backend with
+    :attr:`~kvroute.engine.attention.backend.Backend.lse` returns), so a row's other T + s − P keys are never
+    scored again. A masked key's probability is 0."""
+    B, Hkv, R, _ = qg.shape
+    sc = row_scores(qg, k_ctx, bias, key, q=q, index=index, scale=scale, own=own, positions=positions)
+    probs = torch.exp(sc.float() - lse[:, :, index::q, None])  # [Hkv, B, G, P]
+    return probs.transpose(0, 1).reshape(B, Hkv * (R // q), positions.numel())
 
 
 def one_shot_bytes(cells: int, heads: int, queries: int, keys: int) -> int:
