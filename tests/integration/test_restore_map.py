@@ -8,13 +8,18 @@ condition that leaked into other layers or heads (the mutation
 ``test_the_planted_test_fails_when_a_slot_leaks_into_other_layers`` makes) would light them up too.
 """
 
+import html
+import json
+
 import pytest
 import torch
 
+from kvroute.analysis.restore_map import averaged_map, load_maps, minimal_sizes, restore_map_finding, set_agreement
 from kvroute.engine import Cell, Engine
 from kvroute.models import tiny_model
 from kvroute.presses.restore import Restore
-from kvroute.restore_map import all_slots, map_from_records, restore_map, slot_condition
+from kvroute.report.build import build_run_report
+from kvroute.restore_map import MAP_DIR, RestoreMap, all_slots, map_from_records, restore_map, slot_condition
 from kvroute.runner import run_instance
 from kvroute.settings import RunSettings
 from kvroute.tasks import TaskSpec, generate_tasks
@@ -156,3 +161,24 @@ def test_a_rerun_reads_every_cell_from_the_store(tiny, tmp_path):
     assert torch.equal(first.effect, again.effect)
     direct = run_instance(engine, inst, [Cell(PRESS, 0.9)], settings=SETTINGS)[0]
     assert first.compressed["answer"] == direct["answer"]
+
+
+def test_a_run_report_draws_its_maps_with_the_finding_written_by_the_code(tiny, tmp_path, monkeypatch):
+    """The whole report of a run with a map store: section 5c holds the finding sentence and the map figure.
+
+    The report maps failures only (full cache right, compressed cell not); a random tiny model answers nothing
+    right, so its map is labelled a failure here — everything else is the real path from the store to the page."""
+    monkeypatch.setattr(RestoreMap, "failure", property(lambda self: True))
+    lm, engine, inst = tiny
+    recs = run_instance(engine, inst, [Cell("none", 0.0), Cell(PRESS, 0.5), Cell(PRESS, 0.9)], settings=SETTINGS)
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    restore_map(engine, inst, PRESS, 0.9, settings=SETTINGS, store=tmp_path / MAP_DIR, minimal=False)
+    maps = load_maps(tmp_path / MAP_DIR)
+    assert len(maps) == 1
+    sentence = restore_map_finding(PRESS, 0.9, averaged_map(maps), minimal_sizes(maps),
+                                   set_agreement([m.minimal for m in maps if m.minimal is not None],
+                                                 lm.info.num_layers * lm.info.num_kv_heads))
+    page = html.unescape(build_run_report(path, tmp_path / "report").read_text(encoding="utf-8"))
+    assert "5c. Restoration maps" in page and 'id="fig-restore-map"' in page
+    assert sentence in " ".join(page.split())

@@ -92,6 +92,11 @@ def _mean_pairwise(sets: Sequence[set[Slot]]) -> float:
     return float(np.mean([jaccard(x, y) for x, y in combinations(sets, 2)]))
 
 
+def p_text(p: float) -> str:
+    """A permutation p-value in words: "p < 0.001" below the third decimal (never "p = 0.000")."""
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
 def set_agreement(sets: Sequence[Iterable[Slot]], slots: int, *, n_perm: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Mean pairwise Jaccard of ``sets`` (minimal repairing sets, one per instance, none empty) among ``slots``
     (L × Hkv) against the permutation null (each set's slots relabelled at random, sizes kept)."""
@@ -165,10 +170,11 @@ def restore_map_finding(press: str, ratio: float, avg: pd.DataFrame, sizes: dict
     if math.isnan(agree.get("jaccard", math.nan)):
         text += "Too few minimal sets to compare across instances."
     elif agree["p"] < 0.05:
-        text += (f"The sets agree across instances more than chance: mean pairwise Jaccard {agree['jaccard']:.2f} "
-                 f"against {agree['null']:.2f} under the permutation null (p = {agree['p']:.3f}).")
-    else:
-        text += (f"The sets do not agree across instances more than chance: mean pairwise Jaccard "
+        text += (f"The {agree['sets']} sets agree across instances more than chance: mean pairwise Jaccard "
                  f"{agree['jaccard']:.2f} against {agree['null']:.2f} under the permutation null "
-                 f"(p = {agree['p']:.3f}).")
+                 f"({p_text(agree['p'])}).")
+    else:
+        text += (f"The {agree['sets']} sets do not agree across instances more than chance: mean pairwise Jaccard "
+                 f"{agree['jaccard']:.2f} against {agree['null']:.2f} under the permutation null "
+                 f"({p_text(agree['p'])}).")
     return text

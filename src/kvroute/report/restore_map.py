@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kvroute.analysis.restore_map import p_text
 from kvroute.report import html as h
 
 COLS = [("model", "model"), ("press", "press"), ("ratio", "α"), ("maps", "maps"), ("failures", "failures"),
@@ -66,7 +67,8 @@ def _row(g: dict[str, Any]) -> dict[str, Any]:
             "interval": "–" if math.isnan(top["low"]) else f"[{top['low']:.2f}, {top['high']:.2f}]",
             "above_zero": int((avg["low"] > 0).sum()),
             "minimal": "–" if not s["with_set"] else f"{s['median']:g} ({s['min']}–{s['max']})",
-            "jaccard": _r(a["jaccard"]), "null": _r(a["null"]), "p": _r(a["p"]),
+            "jaccard": _r(a["jaccard"]), "null": _r(a["null"]),
+            "p": "–" if math.isnan(a["p"]) else p_text(a["p"]).removeprefix("p = "),
             "rho_retrieval": _r(g["rho"])}
 
 
