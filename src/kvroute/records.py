@@ -34,6 +34,11 @@ TASK_FIELDS: dict[str, str] = {
     "depth": "needle / fact depth in [0, 1] when the generator records one (niah, long_context), else null",
     "target_length": "the generator's requested context length in tokens, when it records one, else null",
     "gold": "the gold answers (a list of strings; 'I don't know' on an unanswerable item)",
+    "conversation": "with decoding.history set: the id of the context the instance's conversation shares (absent "
+                    "otherwise)",
+    "turn": "with decoding.history set: the question's turn in its conversation, 1-based (its cache holds the "
+            "compressed context and the earlier turns' questions and answers uncompressed)",
+    "turns": "with decoding.history set: the number of questions of the conversation",
 }
 
 # Press bookkeeping ----------------------------------------------------------------------------------

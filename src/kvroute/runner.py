@@ -15,10 +15,12 @@ from kvroute.metrics.accessibility import EvidenceRollout, document_range
 from kvroute.metrics.representation import answer_candidates
 from kvroute.presses import build_press
 from kvroute.settings import RunSettings
+from kvroute.tasks.conversation import TURN_REGIME, conversation_prompt
 from kvroute.tasks.instance import IDK
 from kvroute.tasks.prompt import REGIMES, answer_ids, build_prompt
 
 if TYPE_CHECKING:
+    from kvroute.engine.prefill import PrefillResult
     from kvroute.tasks.instance import TaskInstance
     from kvroute.tasks.prompt import Prompt
 
@@ -145,12 +147,21 @@ def check_memory(engine: Engine, items: Sequence[tuple[TaskInstance, str, int]],
 
 def _run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell], *, regime: str, seed: int,
                   settings: RunSettings, model_name: str) -> list[dict[str, Any]]:
-    lm = engine.lm
     prompt = instance_prompt(engine, instance, regime=regime, settings=settings)
+    return _run_prompt(engine, instance, prompt, cells, regime=regime, seed=seed, settings=settings,
+                       model_name=model_name)[0]
+
+
+def _run_prompt(engine: Engine, instance: TaskInstance, prompt: Prompt, cells: Sequence[Cell], *, regime: str,
+                seed: int, settings: RunSettings, model_name: str,
+                prefilled: PrefillResult | None = None) -> tuple[list[dict[str, Any]], EngineResult]:
+    """One engine run of ``cells`` on ``prompt`` (on an earlier prefill when given) and its records."""
+    lm = engine.lm
     needs = settings.needs
     ev = [p for p in prompt.evidence_positions if p < prompt.n_context]
     rollout = None
-    if "routes" in needs and ev:  # the evidence rollout and its null sources (random same-shape position sets)
+    # the evidence rollout and its null sources (random same-shape position sets): captured during a prefill
+    if "routes" in needs and ev and prefilled is None:
         rollout = EvidenceRollout.for_prompt(prompt, ev, settings=settings.metric, seed=seed,
                                              doc_range=document_range(lm.tokenizer, prompt, instance))
     track = {"evidence": ev} if ("attention" in needs and ev) else None
@@ -164,11 +175,81 @@ def _run_instance(engine: Engine, instance: TaskInstance, cells: Sequence[Cell],
                         distractors=prompt.distractor_span_positions,
                         lens_ids=list(cands.ids) if cands else None,
                         lens_seqs=[list(s) for s in cands.seqs] if cands else None, cell_errors=True,
-                        question_window=prompt.question_window)
+                        question_window=prompt.question_window, prefilled=prefilled)
     return records_from_result(instance, prompt, result, regime=regime, seed=seed, settings=settings,
                                model_name=model_name, group_size=lm.info.group_size, model_params=lm.info.num_params,
                                evidence_share=rollout.shares() if rollout else None,
-                               null_share=rollout.null_shares() if rollout else None, candidates=cands)
+                               null_share=rollout.null_shares() if rollout else None, candidates=cands), result
+
+
+def run_conversation(engine: Engine, turns: Sequence[TaskInstance], cells: Sequence[Cell], *,
+                     regime: str = TURN_REGIME, seed: int = 0, settings: RunSettings = RunSettings(history="own"),
+                     model_name: str | None = None) -> list[list[dict[str, Any]]]:
+    """Compress the conversation's one context once per cell and ask its questions in turn; records per turn.
+
+    Turn 1 is :func:`run_instance`'s run of the first instance. Each later turn decodes against the same
+    prefill (its cache and scores: one prefill for the whole conversation) with the earlier exchanges in
+    the uncompressed suffix (:func:`kvroute.tasks.conversation.conversation_prompt`): each cell's own
+    answers (``settings.history == "own"``, as a chat server), or the gold answers (``"gold"``). Cells
+    with the same history decode together, beside a full-cache reference on that same history (the
+    ``*_full`` fields and ``gold_logprob_delta`` of a later turn compare with the uncompressed cache given
+    the same conversation so far). A cell whose earlier turn failed gets an error record for the later ones.
+
+    Records carry ``conversation``, ``turn`` (1-based) and ``turns``; a later turn's ``seconds_prefill`` is
+    0 (its prefill is turn 1's), and its ``routes`` fields are None (the evidence rollout is captured during
+    the prefill, for turn 1's evidence).
+    """
+    if regime != TURN_REGIME:
+        raise ConfigError(f"several questions over one context need the {TURN_REGIME} regime; got {regime!r}")
+    check_engine(engine, settings)
+    history = settings.history or "own"
+    name = model_name or engine.lm.name
+    conv = str(turns[0].meta.get("conversation") or turns[0].id)
+    tags = {"conversation": conv, "turns": len(turns)}
+    cells = list(cells)
+    try:
+        prompt = instance_prompt(engine, turns[0], regime=regime, settings=settings)
+        first, result = _run_prompt(engine, turns[0], prompt, cells, regime=regime, seed=seed, settings=settings,
+                                    model_name=name)
+    except CELL_ERRORS as e:
+        reason = error_reason(e)
+        return [[{**error_record(c, reason, model_name=name, regime=regime, seed=seed,
+                                 base=task_fields(t, None)), **tags, "turn": k + 1} for c in cells]
+                for k, t in enumerate(turns)]
+    out = [[{**r, **tags, "turn": 1} for r in first]]
+    said: list[list[str] | None] = [None if o is None else [o.text.strip()] for o in result.outputs]
+    for k in range(1, len(turns)):
+        inst = turns[k]
+        recs: list[dict[str, Any] | None] = [None] * len(cells)
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for i, h in enumerate(said):
+            if h is None:
+                recs[i] = {**error_record(cells[i], f"EngineError: turn {k} of this conversation failed for this "
+                                          "cell", model_name=name, regime=regime, seed=seed,
+                                          base=task_fields(inst, None))}
+            else:
+                key = tuple(h) if history == "own" else ()
+                groups.setdefault(key, []).append(i)
+        for key, idx in groups.items():
+            answers = list(key) if history == "own" else [ABSTAIN_GOLD if t.unanswerable else t.answers[0]
+                                                          for t in turns[:k]]
+            try:
+                p = conversation_prompt(engine.lm.tokenizer, turns[:k + 1], [" " + a for a in answers],
+                                        regime=regime, system_prompt=settings.system_prompt,
+                                        answer_prefix=settings.answer_prefix)
+                got, res = _run_prompt(engine, inst, p, [cells[i] for i in idx], regime=regime, seed=seed,
+                                       settings=settings, model_name=name, prefilled=result.prefill)
+                texts = [None if o is None else o.text.strip() for o in res.outputs]
+            except CELL_ERRORS as e:
+                got = [error_record(cells[i], error_reason(e), model_name=name, regime=regime, seed=seed,
+                                    base=task_fields(inst, None)) for i in idx]
+                texts = [None] * len(idx)
+            for i, r, t in zip(idx, got, texts, strict=True):
+                recs[i] = r
+                h = said[i]
+                said[i] = None if h is None or t is None else [*h, t]
+        out.append([{**r, **tags, "turn": k + 1} for r in recs if r is not None])
+    return out
 
 
 def records_from_result(instance: TaskInstance, prompt: Prompt, result: EngineResult, *, regime: str, seed: int,

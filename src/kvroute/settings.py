@@ -15,6 +15,8 @@ from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
 #: the attention backends' names, kept here so that a config is checked without importing the engine
 #: (tests/unit/test_attention_backends.py checks it against kvroute.engine.attention.BACKENDS)
 ATTENTION_BACKENDS = ("auto", "reference", "sdpa", "gathered", "chunked", "fused", "kept")
+#: what a conversation's later turns hold of the earlier ones (RunSettings.history); None: no conversations
+HISTORIES = (None, "own", "gold")
 
 
 def attention_backend_problem(name: object) -> str | None:
@@ -65,10 +67,22 @@ class RunSettings:
     # which form computes the masked attention (kvroute.engine.attention.backend): "auto" (the documented rule,
     # docs/performance.md) or one backend's name; equal to float32 rounding either way
     attention_backend: str = "auto"
+    # several questions over one context (kvroute.tasks.conversation): None asks every instance alone; "own"
+    # asks a conversation's questions in turn after one compression, each cell's own earlier answers kept in the
+    # cache uncompressed, as a chat server would; "gold" keeps the gold answers there instead (the same history
+    # for every cell, so each turn measures the context's loss alone)
+    history: str | None = None
 
     def __post_init__(self) -> None:
         check_max_new_tokens(self.max_new_tokens)
         check_attention_backend(self.attention_backend)
+        if self.history not in HISTORIES:
+            from kvroute.errors import ConfigError, suggest
+
+            close = suggest(str(self.history), [h for h in HISTORIES if h]) if isinstance(self.history, str) else []
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise ConfigError(f"history {self.history!r}: {hint}use \"own\" (each cell's own answers), \"gold\" or "
+                              "leave it unset (every question asked alone)")
         for m in self.metrics:
             METRICS.get(m)  # unknown names fail with suggestions
 

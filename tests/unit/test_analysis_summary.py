@@ -26,7 +26,7 @@ def test_summary_is_plain_json_with_headlines(records):
     text = json.dumps(s, allow_nan=False)  # no NaN, no numpy types
     assert json.loads(text) == s
     assert s["n_records"] == len(records) and s["ratios"][0] == 0.0
-    assert len(s["headline"]) == 4 and set(s["notes"]) <= {"retrieval", "serving_cost"}  # records without either
+    assert len(s["headline"]) == 4 and set(s["notes"]) <= {"retrieval", "serving_cost", "turns"}  # records without them
     for h in s["headline"]:
         assert h["family"] == "all" and h["cliff_status"].startswith("ok")
         assert 0.7 < h["alpha_star"] < 0.95 and h["alpha_star_ci"][0] <= h["alpha_star"] <= h["alpha_star_ci"][1]

@@ -89,3 +89,42 @@ def test_shards_group_instances_per_model_and_cover_every_unit_once(per_shard):
         assert sum(1 for u in units if u.instance.id in ids and u.model == s[0].model) == len(s)  # all regimes/seeds
     models = [s[0].model for s in out]
     assert models == sorted(models, key=models.index)  # each model's shards contiguous
+
+
+def _conversation(c, turns=3):
+    return [SimpleNamespace(id=f"c{c}t{t}", context=f"context {c}", meta={"conversation": f"c{c}", "turn": t + 1})
+            for t in range(turns)]
+
+
+def test_with_a_history_a_conversation_is_one_unit_with_a_key_per_turn_and_cell():
+    cfg = config(regimes=["agnostic"], seeds=[0], decoding={"history": "own"})
+    tasks = {m: _conversation(0) + _conversation(1) for m in ("smollm2-135m", "qwen2.5-0.5b")}
+    units = expand(cfg, tasks)
+    assert len(units) == 2 * 2  # models × conversations
+    u = units[0]
+    assert [i.id for i in u.instances] == ["c0t0", "c0t1", "c0t2"] and len(u) == 3 * 5 == count_cells([u])
+    assert u.keys[5] == cell_key(model_id(cfg.models[0]), "c0t1", "none", 0.0, "agnostic", 0, cfg.settings_hash)
+    # without a history every instance is its own unit, under other keys (the settings hash differs)
+    plain = expand(config(regimes=["agnostic"], seeds=[0]), tasks)
+    assert len(plain) == 2 * 6 and not set(u.keys) & {k for p in plain for k in p.keys}
+
+
+def test_a_conversation_resumes_the_cells_with_a_missing_turn_in_every_turn():
+    cfg = config(regimes=["agnostic"], seeds=[0], decoding={"history": "gold"})
+    u = expand(cfg, {"smollm2-135m": _conversation(0), "qwen2.5-0.5b": []})[0]
+    n = len(u.cells)
+    done = set(u.keys) - {u.keys[2 * n + 1]}  # turn 3 of the second cell is missing
+    (left,) = pending([u], done)
+    assert left.cells == (u.cells[1],) and left.keys == tuple(u.keys[t * n + 1] for t in range(3))
+    assert pending([u], set(u.keys)) == []
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"decoding": {"history": "onw"}}, "did you mean 'own'"),
+    ({"decoding": {"history": "own"}}, "regimes = \\[\"agnostic\"\\] only"),
+])
+def test_bad_history_settings_fail_in_one_line(over, needle):
+    from kvroute.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=needle):
+        config(**over)

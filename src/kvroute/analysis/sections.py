@@ -39,6 +39,7 @@ from kvroute.analysis.retrieval import retrieval_vs_ger
 from kvroute.analysis.serving import has_constrained, serving_cost
 from kvroute.analysis.settings import AnalysisConfig
 from kvroute.analysis.size import cliff_vs_size
+from kvroute.analysis.turns import has_turns, turn_cliffs, turn_curves, turn_pairs
 from kvroute.registry import Registry
 
 
@@ -210,6 +211,14 @@ def _selection_comparison(x: SectionInput) -> Tables:
          applies=lambda x: None if has_constrained(x.df["press"].unique()) else "no press with a serving constraint")
 def _serving_cost(x: SectionInput) -> Tables:
     return serving_cost(x.df, min_instances=x.cfg.league_min_instances, **x.boot)
+
+
+# compress once, ask many: H, GER and α* by turn of a conversation, and each later turn against the first
+@section("turns", ["hallucinated", "outcome", "turn", "conversation"], ["turn_pairs", "turn_curves", "turn_cliffs"],
+         applies=lambda x: None if has_turns(x.df) else "no conversation of several turns (decoding.history unset)")
+def _turns(x: SectionInput) -> Tables:
+    return (turn_pairs(x.df, min_instances=x.cfg.league_min_instances, **x.boot), turn_curves(x.df, **x.boot),
+            turn_cliffs(x.df, **x.boot))
 
 
 @section("redundancy", ["evidence_heads", "reachable"], ["redundancy", "redundancy_fit"])

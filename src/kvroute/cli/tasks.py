@@ -59,6 +59,10 @@ def tasks_generate(
                                                             help="Only these question types (repeat).")] = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer",
                                                   help="Model whose tokenizer measures --target-tokens.")] = None,
+    questions: Annotated[int, typer.Option("--questions", help="Questions per context (the multi-question form: "
+                                                                "each context about this many people, one "
+                                                                "instance per question, asked in turn by a run "
+                                                                "with decoding.history).")] = 1,
 ) -> None:
     """Generate task instances of one or more families into a JSONL file."""
     from kvroute.tasks import FAMILIES, TaskSpec, generate_tasks, get_family, save_tasks
@@ -68,7 +72,8 @@ def tasks_generate(
     specs = [TaskSpec(f, n=n, seed=seed, difficulty=difficulty, target_tokens=target_tokens, depth=depth,
                       distractors=distractors, unanswerable_share=unanswerable_share,
                       answer_types=tuple(answer_type) if answer_type else None,
-                      question_types=tuple(question_type) if question_type else None) for f in names]
+                      question_types=tuple(question_type) if question_type else None, questions=questions)
+             for f in names]
     tok = None
     if tokenizer is not None:
         from kvroute.models import load_tokenizer

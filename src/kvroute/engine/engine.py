@@ -120,7 +120,8 @@ class Engine:
             answer: Sequence[int] | None = None, distractors: Sequence[Sequence[int]] = (),
             captures: Sequence[PrefillCapture] = (), decode_full: bool = True,
             lens_ids: Sequence[int] | None = None, lens_seqs: Sequence[Sequence[int]] | None = None,
-            cell_errors: bool = False, question_window: int = 0) -> EngineResult:
+            cell_errors: bool = False, question_window: int = 0,
+            prefilled: PrefillResult | None = None) -> EngineResult:
         """Prefill ``prompt.context_ids`` once, then decode every cell (plus the full cache) in batches.
 
         ``decode_full=False`` skips the full-cache reference when no cell keeps everything (answers
@@ -140,6 +141,12 @@ class Engine:
         press's precondition or scoring, its mask, its decode) is left out — ``result.errors[i]`` holds
         the reason, ``masks[i]`` and ``outputs[i]`` are None — and every other cell is computed. Errors
         of the prompt itself (too long, empty, the full-cache decode) still raise.
+
+        ``prefilled``: the result of an earlier run on the same context (``EngineResult.prefill``), whose
+        cache and scores serve these cells without a new prefill — a later turn of a conversation asks its
+        question after the same compressed context (kvroute.runner.run_conversation). It must hold every
+        score these cells need (run the first turn with all of them); ``captures`` are prefill-time and
+        cannot be given with it.
         """
         cells = list(cells)
         errors: dict[int, str] = {}
@@ -177,8 +184,17 @@ class Engine:
                           attention_map=any(r.scorer.needs_attentions for r in requests), score_sets=len(requests))
         ev = [p for p in (evidence or []) if 0 <= p < T]
         t0 = time.perf_counter()
-        pre = prefill(self.lm.model, ctx_ids, requests, evidence=ev if ev else None, seed=seed, captures=captures,
-                      errors=failed if cell_errors else None, question_window=question_window)
+        if prefilled is None:
+            pre = prefill(self.lm.model, ctx_ids, requests, evidence=ev if ev else None, seed=seed, captures=captures,
+                          errors=failed if cell_errors else None, question_window=question_window)
+        else:
+            pre = self._reuse(prefilled, ctx_ids, captures)
+            for r in requests:
+                if r.key not in pre.scores:  # its scoring failed on that prefill (a cell error there)
+                    if not cell_errors:
+                        raise EngineError(f"the earlier prefill holds no scores for {r.key.scorer}: prefill once with "
+                                          "every cell the later runs decode")
+                    failed[r.key] = f"EngineError: {r.key.scorer} has no scores on this context's prefill"
         t1 = time.perf_counter()
         errors.update({i: failed[k] for i, k in cell_key.items() if k in failed})
         errors.update({i: failed[k] for i, ks in aux_keys.items() for k in ks.values()
@@ -233,8 +249,19 @@ class Engine:
         if sum(o is not None for o in outputs) + len(errors) != len(cells):  # pragma: no cover - internal invariant
             raise EngineError("internal error: a full-cache cell was not decoded")
         return EngineResult(pre, cells, masks, outputs, full_out, full,
-                            {"prefill": t1 - t0, "scoring": pre.score_seconds, "select": t2 - t1, "decode": t3 - t2},
+                            {"prefill": t1 - t0 if prefilled is None else 0.0, "scoring": pre.score_seconds,
+                             "select": t2 - t1, "decode": t3 - t2},
                             errors=errors)
+
+    @staticmethod
+    def _reuse(pre: PrefillResult, ctx_ids: list[int], captures: Sequence[PrefillCapture]) -> PrefillResult:
+        """``pre`` checked to serve a run on ``ctx_ids`` (EngineError naming what differs), its times zeroed."""
+        if captures:
+            raise EngineError("prefill captures need a prefill; a run on an earlier prefill cannot take them")
+        if pre.context_ids.tolist() != ctx_ids:
+            raise EngineError(f"the earlier prefill is of another context ({pre.num_tokens} tokens, this prompt's "
+                              f"{len(ctx_ids)}): a conversation's turns must share their context tokens")
+        return replace(pre, seconds=0.0, score_seconds=0.0)
 
     def _decode(self, pre: PrefillResult, q_ids: list[int], masks: list[KeepMask], *, lean: bool = False,
                 **kw: Any) -> list[CellOutput]:

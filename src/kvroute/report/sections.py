@@ -37,6 +37,7 @@ from kvroute.report.league import league_html
 from kvroute.report.manifest import manifest_html
 from kvroute.report.render import data_uri, png_bytes
 from kvroute.report.serving import serving_html
+from kvroute.report.turns import turns_html
 
 TEMPLATES = Path(__file__).parent / "templates"
 NO_MAPS = "no restoration maps of failures in this run (kvroute restore-map RUN --instance ID --cell PRESS@RATIO)"
@@ -281,6 +282,11 @@ def _routes(r: ReportInput) -> dict[str, Any]:
 @section("serving", "What the server costs", "What the server costs: paged and head-uniform constraints")
 def _serving(r: ReportInput) -> dict[str, Any]:
     return {k: html(v) for k, v in serving_html(r.tables, r.why("serving_cost")).items()}
+
+
+@section("turns", "Compress once, ask many", "Compress once, ask many: what later turns lose")
+def _turns(r: ReportInput) -> dict[str, Any]:
+    return {k: html(v) for k, v in turns_html(r.tables, r.why("turns")).items()}
 
 
 @section("redundancy", "Redundancy", "10. Redundancy: reachability against the heads that keep the evidence",

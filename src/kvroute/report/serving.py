@@ -39,7 +39,7 @@ def _cell(v: Any, signed: bool) -> str:
     return "–" if v is None else str(v)
 
 
-def _md(df: pd.DataFrame, cols: Sequence[tuple[str, str]]) -> list[str]:
+def markdown_table(df: pd.DataFrame, cols: Sequence[tuple[str, str]]) -> list[str]:
     cols = [c for c in cols if c[0] in df.columns]
     out = ["| " + " | ".join(hd for _, hd in cols) + " |", "|" + "---|" * len(cols)]
     for r in df.to_dict(orient="records"):
@@ -53,5 +53,5 @@ def serving_markdown(result: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]) ->
     return ["## Findings (written by kvroute.analysis.serving)", "",
             *(f"- {t}" for t in [*pairs["finding"], *detect["finding"]]), "",
             "## Paired over the ratio grid (constrained − unconstrained; Δ area > 0: the constraint hallucinates "
-            "more)", "", *_md(pairs, PAIR_COLS), "",
-            "## ΔH and ΔGER at each ratio (paired, 95% instance bootstrap)", "", *_md(by_ratio, RATIO_COLS)]
+            "more)", "", *markdown_table(pairs, PAIR_COLS), "",
+            "## ΔH and ΔGER at each ratio (paired, 95% instance bootstrap)", "", *markdown_table(by_ratio, RATIO_COLS)]

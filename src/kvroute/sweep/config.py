@@ -22,7 +22,7 @@ from typing import Any
 from kvroute import __version__
 from kvroute.bounds import MAX_SEED
 from kvroute.config import apply_overrides, check_keys, load_mapping
-from kvroute.errors import ConfigError, KvrouteError
+from kvroute.errors import ConfigError, KvrouteError, suggest
 from kvroute.metrics import DEFAULT_METRICS, METRICS, MetricSettings
 from kvroute.presses import build_press, check_ratio
 from kvroute.presses.restore import Restore
@@ -38,7 +38,7 @@ MODEL_KEYS = ("name", "device", "dtype")
 FILE_TASK_KEYS = ("file", "limit")
 SPEC_TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskSpec))
 DECODING_KEYS = ("max_new_tokens", "batch_size", "system_prompt", "answer_prefix", "attention_memory", "draft",
-                 "gather", "attention_backend")
+                 "gather", "attention_backend", "history")
 METRIC_SETTING_KEYS = tuple(f.name for f in dataclasses.fields(MetricSettings))
 RAY_KEYS = ("address", "instances_per_shard", "cpus_per_worker")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
@@ -134,7 +134,8 @@ class SweepConfig:
             "decoding": {"max_new_tokens": s.max_new_tokens, "batch_size": s.batch_size,
                          "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
                          "attention_memory": s.attention_memory, "draft": s.draft,
-                         "gather": s.gather, "attention_backend": s.attention_backend},
+                         "gather": s.gather, "attention_backend": s.attention_backend,
+                         **({"history": s.history} if s.history else {})},
             "metric_settings": dataclasses.asdict(s.metric), "ray": dataclasses.asdict(self.ray),
             "settings_hash": self.settings_hash,
         }
@@ -146,6 +147,8 @@ def settings_hash(s: RunSettings) -> str:
     payload = {"max_new_tokens": s.max_new_tokens, "system_prompt": s.system_prompt, "answer_prefix": s.answer_prefix,
                "metrics": sorted(s.metrics), "metric": dataclasses.asdict(s.metric),
                "kvroute": ".".join(__version__.split(".")[:2])}
+    if s.history:  # conversations: a later turn's record depends on the turns before it (unset keeps older keys)
+        payload["history"] = s.history
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -341,6 +344,9 @@ def sweep_config_from_mapping(data: Mapping[str, Any], *, source: str = "<config
                     list(metrics))
     settings = RunSettings(**_decoding(data.get("decoding", {}), w), metrics=tuple(metrics),
                            metric=_metric_settings(data.get("metric_settings", {}), w))
+    if settings.history and "aware" in regimes:
+        raise w.error("decoding.history", "a conversation asks its questions after the compressed context, so it "
+                      "needs regimes = [\"agnostic\"] only", settings.history)
     return SweepConfig(models=models, tasks=tasks, presses=tuple(p for p, _ in presses), ratios=tuple(ratios),
                        restore=tuple(restore), retrieval_heads=None if heads_from is None else str(heads_from),
                        regimes=tuple(regimes), seeds=tuple(seeds), settings=settings,
@@ -417,6 +423,16 @@ def _table(v: Any, key: str, allowed: tuple[str, ...], w: _Where) -> dict[str, A
     return v
 
 
+def _history(v: Any, w: _Where) -> str:
+    """``decoding.history``: "own" or "gold" (a did-you-mean error otherwise)."""
+    if v not in ("own", "gold"):
+        close = suggest(v, ["own", "gold"]) if isinstance(v, str) else []
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise w.error("decoding.history", f'{hint}must be "own" (each cell\'s own answers) or "gold"; leave it out to '
+                      "ask every question alone", v)
+    return str(v)
+
+
 def _decoding(v: Any, w: _Where) -> dict[str, Any]:
     d = _table(v, "decoding", DECODING_KEYS, w)
     out: dict[str, Any] = {}
@@ -438,14 +454,13 @@ def _decoding(v: Any, w: _Where) -> dict[str, Any]:
         out["answer_prefix"] = d["answer_prefix"]
     if "attention_memory" in d:
         out["attention_memory"] = _bytes(d["attention_memory"], "decoding.attention_memory", w)
-    if "draft" in d:
-        if not isinstance(d["draft"], bool):
-            raise w.error("decoding.draft", "must be true or false", d["draft"])
-        out["draft"] = d["draft"]
-    if "gather" in d:
-        if not isinstance(d["gather"], bool):
-            raise w.error("decoding.gather", "must be true or false", d["gather"])
-        out["gather"] = d["gather"]
+    for flag in ("draft", "gather"):
+        if flag in d:
+            if not isinstance(d[flag], bool):
+                raise w.error(f"decoding.{flag}", "must be true or false", d[flag])
+            out[flag] = d[flag]
+    if "history" in d:  # several questions over one context asked in turn (kvroute.tasks.conversation)
+        out["history"] = _history(d["history"], w)
     if "attention_backend" in d:  # "auto" or a backend of kvroute.engine.attention (docs/performance.md)
         problem = attention_backend_problem(d["attention_backend"])
         if problem is not None:

@@ -51,7 +51,7 @@ class Plan:
 
     def describe(self) -> dict[str, Any]:
         c = self.config
-        per_unit = len(self.units[0].cells) if self.units else 0
+        per_unit = len(self.units[0]) if self.units else 0
         return {"cells": self.cells, "units": len(self.units), "cells_per_unit": per_unit,
                 "models": [m.name for m in c.models], "instances": self.instances, "presses": list(c.presses),
                 "ratios": list(c.ratios), "restore": list(c.restore), "regimes": list(c.regimes),

@@ -2,7 +2,10 @@
 
 A **work unit** is one (model, instance, regime, seed): one prefill and every (press, ratio) cell
 decoded against it, exactly one :func:`~kvroute.runner.run_instance` call, written to the store
-in one transaction. A cell's **key** is a content hash of what determines its record:
+in one transaction. With ``decoding.history`` set, a unit is one conversation (the instances that
+share a context, :mod:`kvroute.tasks.conversation`): one prefill, its questions asked in turn
+(:func:`~kvroute.runner.run_conversation`), one key per (turn, cell). A cell's **key** is a
+content hash of what determines its record:
 
     sha256(canonical JSON [model, dtype, instance_id, press, ratio, regime, seed, settings_hash])[:32]
 
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from kvroute.engine.cell import NO_PRESS, Cell
 from kvroute.presses import build_press
 from kvroute.sweep.config import ModelSpec, SweepConfig
+from kvroute.tasks.conversation import conversations
 
 if TYPE_CHECKING:
     from kvroute.tasks.instance import TaskInstance
@@ -54,10 +58,17 @@ class WorkUnit:
     regime: str
     seed: int
     cells: tuple[Cell, ...]
-    keys: tuple[str, ...]
+    keys: tuple[str, ...]  # one per cell; with ``turns``, one per (turn, cell), turn by turn
+    #: a conversation's later instances, asked in turn after ``instance`` on its one prefill (settings.history)
+    turns: tuple[TaskInstance, ...] = ()
+
+    @property
+    def instances(self) -> tuple[TaskInstance, ...]:
+        """The unit's instances: its one, or a conversation's in turn order."""
+        return (self.instance, *self.turns)
 
     def __len__(self) -> int:
-        return len(self.cells)
+        return len(self.keys)
 
 
 def grid_cells(config: SweepConfig) -> list[tuple[Cell, str]]:
@@ -82,12 +93,15 @@ def expand(config: SweepConfig, tasks: Mapping[str, Sequence[Any]]) -> list[Work
     units: list[WorkUnit] = []
     for m in config.models:
         mid = model_id(m)
+        # with a history setting, a conversation (instances sharing a context) is one unit: one prefill, turns in order
+        groups = conversations(tasks[m.name]) if config.settings.history else [[i] for i in tasks[m.name]]
         for seed in config.seeds:
             for regime in config.regimes:
-                for inst in tasks[m.name]:
+                for group in groups:
                     keys = tuple(cell_key(mid, inst.id, canon, c.ratio, regime, seed, sh, c.restore)
-                                 for c, canon in cells)
-                    units.append(WorkUnit(m.name, inst, regime, seed, tuple(c for c, _ in cells), keys))
+                                 for inst in group for c, canon in cells)
+                    units.append(WorkUnit(m.name, group[0], regime, seed, tuple(c for c, _ in cells), keys,
+                                          tuple(group[1:])))
     return units
 
 
@@ -95,16 +109,20 @@ def pending(units: Sequence[WorkUnit], done: Container[str]) -> list[WorkUnit]:
     """The units with their cells already in ``done`` removed (units left with no cell are dropped)."""
     out = []
     for u in units:
-        keep = [i for i, k in enumerate(u.keys) if k not in done]
-        if len(keep) == len(u.keys):
+        n = len(u.cells)
+        # a conversation's cell is redone in every turn when any of its turns is missing (a later turn needs the
+        # earlier answers); the store keeps the records it already has (INSERT OR IGNORE)
+        keep = [i for i in range(n) if any(u.keys[t * n + i] not in done for t in range(len(u.instances)))]
+        if len(keep) == n:
             out.append(u)
         elif keep:
-            out.append(replace(u, cells=tuple(u.cells[i] for i in keep), keys=tuple(u.keys[i] for i in keep)))
+            keys = tuple(u.keys[t * n + i] for t in range(len(u.instances)) for i in keep)
+            out.append(replace(u, cells=tuple(u.cells[i] for i in keep), keys=keys))
     return out
 
 
 def count_cells(units: Sequence[WorkUnit]) -> int:
-    return sum(len(u.cells) for u in units)
+    return sum(len(u.keys) for u in units)
 
 
 def shards(units: Sequence[WorkUnit], instances_per_shard: int) -> list[list[WorkUnit]]:

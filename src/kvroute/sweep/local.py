@@ -17,7 +17,7 @@ from typing import Any
 from kvroute.engine import Engine
 from kvroute.errors import ConfigError, InsufficientMemoryError, KvrouteError, SweepError
 from kvroute.records import KEY_FIELDS
-from kvroute.runner import check_memory, run_instance
+from kvroute.runner import check_memory, run_conversation, run_instance
 from kvroute.settings import RunSettings
 from kvroute.sweep.config import ModelSpec, SweepConfig
 from kvroute.sweep.grid import WorkUnit
@@ -65,11 +65,11 @@ def free_memory(device: Any) -> None:
 
 def finish_records(unit: WorkUnit, records: list[dict[str, Any]], settings_hash: str) -> list[dict[str, Any]]:
     """Attach each record's ``key`` and ``settings``; key fields first, in :mod:`kvroute.records` order."""
-    if len(records) != len(unit.cells):
+    if len(records) != len(unit.keys):
         raise SweepError(f"instance {unit.instance.id}: the runner returned {len(records)} records for "
-                         f"{len(unit.cells)} cells")
+                         f"{len(unit.keys)} cells")
     out = []
-    for key, cell, rec in zip(unit.keys, unit.cells, records, strict=True):
+    for key, cell, rec in zip(unit.keys, unit.cells * len(unit.instances), records, strict=True):
         same = (rec.get("press"), rec.get("ratio"), rec.get("restore") or "") == (cell.press, cell.ratio, cell.restore)
         if not same:
             raise SweepError(f"instance {unit.instance.id}: record for {rec.get('press')}@{rec.get('ratio')} "
@@ -93,8 +93,13 @@ def run_units(engine: Engine, units: Sequence[WorkUnit], settings: RunSettings,
         raise SweepError(f"model {units[0].model}: {e}") from e
     for u in units:
         try:
-            recs = run_instance(engine, u.instance, list(u.cells), regime=u.regime, seed=u.seed, settings=settings,
-                                model_name=u.model)
+            if u.turns:
+                recs = [r for turn in run_conversation(engine, u.instances, list(u.cells), regime=u.regime,
+                                                       seed=u.seed, settings=settings, model_name=u.model)
+                        for r in turn]
+            else:
+                recs = run_instance(engine, u.instance, list(u.cells), regime=u.regime, seed=u.seed,
+                                    settings=settings, model_name=u.model)
         except KvrouteError as e:
             raise SweepError(f"model {u.model}, instance {u.instance.id} ({u.regime}, seed {u.seed}): {e}") from e
         yield finish_records(u, recs, settings_hash)

@@ -8,6 +8,7 @@ cycle through the family's valid combinations in a seeded order, so even small `
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from abc import ABC, abstractmethod
@@ -27,6 +28,10 @@ MIN_TARGET_TOKENS = 16
 MAX_TARGET_TOKENS = 2**20
 #: the most filler one spec may ask for, n × target_tokens: 2**27 tokens, about 650 MB of task file
 MAX_TOTAL_TOKENS = 2**27
+#: the most questions one context of the multi-question form carries
+MAX_QUESTIONS = 16
+#: draws of a draft before a conversation gives up finding one that shares no name or answer with the others
+_CONVERSATION_TRIES = 50
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,10 @@ class TaskSpec:
         distractors: number of distractor entities/values; ``None`` = the level's default.
         unanswerable_share: share of unanswerable items (families that have them); ``None`` = default.
         answer_types / question_types: restrict to these tags (``None`` = all the family allows).
+        questions: questions asked over one context (the multi-question form, for "compress once, ask
+            many"): each of the ``n`` contexts joins this many drafts about different entities, and
+            ``n × questions`` instances come out, turn by turn, sharing the context; their
+            ``meta`` holds ``conversation`` (the context's id), ``turn`` (1-based) and ``turns``.
     """
 
     family: str
@@ -58,6 +67,7 @@ class TaskSpec:
     unanswerable_share: float | None = None
     answer_types: tuple[str, ...] | None = None
     question_types: tuple[str, ...] | None = None
+    questions: int = 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, fld: str, msg: str) -> None:
@@ -80,6 +90,8 @@ class TaskSpec:
         need(self.unanswerable_share is None or (isinstance(self.unanswerable_share, int | float)
                                                  and 0.0 <= self.unanswerable_share <= 1.0),
              "unanswerable_share", "must be a number in [0, 1] or None")
+        need(_is_int(self.questions) and 1 <= self.questions <= MAX_QUESTIONS, "questions",
+             f"must be an integer from 1 to {MAX_QUESTIONS}")
         for fld, allowed in (("answer_types", ANSWER_TYPES), ("question_types", QUESTION_TYPES)):
             val = getattr(self, fld)
             if val is not None:
@@ -142,6 +154,9 @@ class Family(ABC):
         if spec.depth is not None and spec.target_tokens is None and not self.always_filler:
             raise ConfigError(f"task spec depth={spec.depth}: depth places the facts inside filler text, so it "
                               "needs target_tokens (or the long_context family)")
+        if spec.questions > 1 and type(self).iter_instances is not Family.iter_instances:
+            raise ConfigError(f"task spec questions={spec.questions}: family {self.name!r} lays out its own contexts "
+                              "and has no multi-question form; use 1")
         if not self.combos(spec):
             raise ConfigError(f"family {self.name!r} has no questions with answer_types={spec.answer_types} and "
                               f"question_types={spec.question_types} (it covers answer types "
@@ -165,7 +180,10 @@ class Family(ABC):
         random.Random(f"kvroute/{self.name}/{spec.seed}/combos").shuffle(combos)
         count = TokenCounter(tokenizer)
         for i in range(spec.n):
-            yield self.instance(spec, i, combos[i % len(combos)], count)
+            if spec.questions > 1:
+                yield from self.conversation(spec, i, combos, count)
+            else:
+                yield self.instance(spec, i, combos[i % len(combos)], count)
 
     def instance(self, spec: TaskSpec, index: int, combo: tuple[str, str], count: TokenCounter) -> TaskInstance:
         rng = random.Random(f"kvroute/{self.name}/{spec.seed}/{spec.difficulty}/{index}")
@@ -191,12 +209,75 @@ class Family(ABC):
             evidence_spans=lay.evidence_spans, distractors=distractors, answer_type=draft.answer_type,
             question_type=draft.question_type, meta=meta)
 
+    def conversation(self, spec: TaskSpec, index: int, combos: list[tuple[str, str]],
+                     count: TokenCounter) -> list[TaskInstance]:
+        """The multi-question form: ``spec.questions`` drafts about different entities laid out in one context
+        (their blocks scattered through the filler), one instance per draft's question, in turn order.
+
+        A draft is drawn again (up to ``_CONVERSATION_TRIES`` times) while one of its answers or the
+        names its question asks about occur in another draft's sentences, so every question has one
+        reading in the joined context."""
+        if self.has_unanswerable and (spec.unanswerable_share or 0) > 0:
+            raise ConfigError(f"task spec questions={spec.questions}: the multi-question form has no unanswerable "
+                              "turns; set unanswerable_share=0")
+        k = self.level_distractors(spec.difficulty) if spec.distractors is None else spec.distractors
+        drafts: list[Draft] = []
+        for j in range(spec.questions):
+            combo = combos[(index * spec.questions + j) % len(combos)]
+            for attempt in range(_CONVERSATION_TRIES):
+                rng = random.Random(f"kvroute/{self.name}/{spec.seed}/{spec.difficulty}/{index}/q{j}/{attempt}")
+                d = self.draft(rng, spec, answer_type=combo[0], question_type=combo[1], unanswerable=False,
+                               distractors=k)
+                if all(_separate(d, other) and _separate(other, d) for other in drafts):
+                    drafts.append(d)
+                    break
+            else:
+                raise ConfigError(f"family {self.name!r}: no draft for question {j + 1} of context {index} shares no "
+                                  f"name or answer with the others after {_CONVERSATION_TRIES} draws; ask fewer "
+                                  "questions per context")
+        rng = random.Random(f"kvroute/{self.name}/{spec.seed}/{spec.difficulty}/{index}/layout")
+        merged = Draft([b for d in drafts for b in d.blocks], drafts[0].question, drafts[0].answers,
+                       drafts[0].answer_type, drafts[0].question_type, scatter=True)
+        target = spec.target_tokens or self.level_target_tokens(spec.difficulty)
+        depth = spec.depth if spec.depth is not None else round(rng.random(), 4)
+        lay = assemble(merged, rng=rng, target_tokens=target, depth=depth, count=count)
+        conversation = hashlib.sha256(lay.context.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        out = []
+        for j, d in enumerate(drafts):
+            own = {s.text for b in d.blocks for s in b if s.evidence}
+            evidence = tuple(sp for sp in lay.evidence_spans if lay.context[sp[0]:sp[1]] in own)
+            answers = _dedupe(d.answers)
+            distractors = [x for x in _dedupe(d.distractors)
+                           if _occurs(x, lay.context) and not _contains_any(x, answers)]
+            meta: dict[str, Any] = {"difficulty": spec.difficulty, "index": index, "distractors": k, **d.meta,
+                                    "conversation": conversation, "turn": j + 1, "turns": spec.questions}
+            if target is not None:
+                meta.update(target_tokens=target, depth=lay.depth, filler_sentences=lay.n_filler,
+                            context_tokens=count(lay.context), tokens_counted_with=count.name)
+            out.append(TaskInstance.create(
+                family=self.name, version=self.VERSION, seed=spec.seed, context=lay.context, question=d.question,
+                answers=answers, unanswerable=False, answer_spans=find_answer_spans(lay.context, answers, evidence),
+                evidence_spans=evidence, distractors=distractors, answer_type=d.answer_type,
+                question_type=d.question_type, meta=meta))
+        return out
+
     def describe(self) -> dict[str, Any]:
         """What ``kvroute tasks list`` shows."""
         return {"name": self.name, "version": self.VERSION, "summary": self.summary, "levels": dict(self.levels),
                 "answer_types": list(self.answer_types), "question_types": list(self.question_types),
                 "max_distractors": self.max_distractors, "unanswerable": self.has_unanswerable,
                 "knobs": list(TaskSpec.__dataclass_fields__)[1:]}
+
+
+_QUESTION_WORDS = frozenset({"What", "Where", "Which", "Who", "Whom", "Whose", "When", "How", "In", "On", "At", "For",
+                             "The", "A", "An", "Of", "To", "Did", "Does", "Do", "Is", "Was", "By", "From", "With"})
+
+
+def _separate(draft: Draft, other: Draft) -> bool:
+    """Whether neither ``draft``'s answers nor the capitalised names of its question occur in ``other``'s story."""
+    text = " ".join(s.text for b in other.blocks for s in b)
+    names = {w.strip("?,.'s") for w in re.findall(r"[A-Z][\w'-]+", draft.question)} - _QUESTION_WORDS
+    return not any(_occurs(v, text) for v in [*draft.answers, *sorted(n for n in names if len(n) > 1)])
 
 
 def _occurs(value: str, context: str) -> bool:
