@@ -128,3 +128,15 @@ def test_bad_history_settings_fail_in_one_line(over, needle):
 
     with pytest.raises(ConfigError, match=needle):
         config(**over)
+
+
+@pytest.mark.parametrize("history", [None, "gold"])
+def test_the_dry_run_sizes_conversations_as_the_plan_expands_them(history):
+    from kvroute.sweep.driver import plan_sweep, size_sweep
+
+    cfg = config(tasks=[{"family": "base", "n": 2, "questions": 3}], regimes=["agnostic"],
+                 **({"decoding": {"history": history}} if history else {}))
+    sized, plan = size_sweep(cfg), plan_sweep(cfg)
+    assert (sized["cells"], sized["units"]) == (plan.cells, len(plan.units))
+    assert sized["units"] == 2 * 2 * (2 if history else 6)  # models × seeds × (conversations or instances)
+    assert sized["questions_per_unit"] == (3 if history else 1)

@@ -82,8 +82,10 @@ def sweep(
         from kvroute.sweep.driver import size_sweep
 
         d = size_sweep(cfg)  # sized, not generated: a dry run builds no task
+        q = d["questions_per_unit"]
+        turns = "" if q == 1 else f" × {q:g} questions in turn" if q == int(q) else f" × {q:.2f} questions (mean)"
         console.print(f"[green]valid[/green] {config}: {d['cells']} cells = {d['units']} units (prefills) × "
-                      f"{d['cells_per_unit']} cells; models {', '.join(d['models'])}; instances per model "
+                      f"{d['cells_per_unit']} cells{turns}; models {', '.join(d['models'])}; instances per model "
                       f"{', '.join(f'{k}: {v}' for k, v in d['instances'].items())}"
                       + (f"; each compressed cell also restored: {', '.join(d['restore'])}" if d["restore"] else "")
                       + (f"; retrieval heads (score ≥ 0.1, from {cfg.retrieval_heads}): "

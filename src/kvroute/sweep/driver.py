@@ -92,25 +92,32 @@ def size_sweep(config: SweepConfig) -> dict[str, Any]:
     from kvroute.errors import KvrouteError
     from kvroute.sweep.grid import grid_cells
     from kvroute.tasks import load_tasks
+    from kvroute.tasks.conversation import conversations
 
-    per_source: list[int] = []
+    history = config.settings.history  # with one, a unit is a conversation: one prefill, its questions in turn
+    per_source: list[tuple[int, int]] = []  # (instances, units)
     for i, src in enumerate(config.tasks):
         if src.file is not None:
             try:
-                per_source.append(len(load_tasks(src.file)[: src.limit]))
+                insts = load_tasks(src.file)[: src.limit]
             except KvrouteError as e:
                 raise ConfigError(f"{config.source}: tasks[{i}].file: {e}") from None
+            per_source.append((len(insts), len(conversations(insts)) if history else len(insts)))
         else:
             assert src.spec is not None  # a TaskSource holds a file or a spec
-            per_source.append(src.spec.n)
-    instances = {m.name: sum(per_source) for m in config.models}
+            n = src.spec.n * src.spec.questions
+            per_source.append((n, src.spec.n if history else n))
+    instances = {m.name: sum(n for n, _ in per_source) for m in config.models}
     per_unit = len(grid_cells(config))
-    units = sum(instances.values()) * len(config.seeds) * len(config.regimes)
+    repeat = len(config.seeds) * len(config.regimes)
+    units = sum(u for _, u in per_source) * len(config.models) * repeat
     if not units or not per_unit:
         raise ConfigError(f"{config.source}: the grid is empty (models × tasks × presses/ratios × regimes × seeds "
                           "gives no cells)")
     c = config
-    return {"cells": units * per_unit, "units": units, "cells_per_unit": per_unit,
+    cells = sum(instances.values()) * repeat * per_unit
+    return {"cells": cells, "units": units, "cells_per_unit": per_unit,
+            "questions_per_unit": sum(instances.values()) * repeat / units,
             "models": [m.name for m in c.models], "instances": instances, "presses": list(c.presses),
             "ratios": list(c.ratios), "restore": list(c.restore), "regimes": list(c.regimes),
             "seeds": list(c.seeds),
