@@ -191,6 +191,33 @@ def test_gemma3_compresses_the_layers_kvpress_compresses(arch, head_dim, compres
     assert mask.kept_fraction == pytest.approx(int(T * 0.5) / T)
 
 
+@pytest.mark.reference
+def test_gemma3_text_scores_sliding_layers_with_kvpress_rotary_whatever_ran_before():
+    """kvpress's hook gives every layer it compresses the model's ``rotary_emb``: Gemma 3's global layers' (base 1M),
+    also on the sliding layers (base 10k) that Gemma3ForCausalLM compresses, and leaves it on the attention modules.
+    Expected Attention averages its query statistics over that RoPE, so kvroute's keep masks (AdaKV: kvpress's own
+    masks to compare) equal kvpress's on a fresh model and after kvpress ran on it, and kvpress's leftover is put
+    back."""
+    from kvroute.engine.check import kvpress_keep_masks
+    from kvroute.models.layers import decoder_layers
+
+    lm = tiny_model("gemma3_text", seed=0, **TINY_ARCHITECTURES["gemma3_text"].sizes(256))  # fresh: kvpress never ran
+    c, q = kvpress_prompt_ids(lm.tokenizer, CONTEXT, QUESTION)
+    prompt = Prompt(c, q, CONTEXT, QUESTION)
+    engine, cell = Engine(lm, DecodeSettings(max_new_tokens=1)), Cell("expected_attention+adakv", 0.5)
+    attns = [layer.self_attn for layer in decoder_layers(lm.model)]
+    assert not any(hasattr(a, "rotary_emb") for a in attns)
+    before = engine.run(prompt, [cell]).masks[0].mask.cpu()  # [L, Hkv, T]
+    theirs = kvpress_keep_masks(lm, prompt, cell.press, cell.ratio)
+    assert theirs is not None and not theirs[0].all()  # a sliding layer compressed
+    left = [a.rotary_emb for a in attns]  # kvpress's, left behind
+    after = engine.run(prompt, [cell]).masks[0].mask.cpu()
+    for layer in range(lm.info.num_layers):
+        assert torch.equal(before[layer], theirs[layer]), layer
+        assert torch.equal(after[layer], theirs[layer]), layer
+    assert all(a.rotary_emb is r for a, r in zip(attns, left, strict=True))
+
+
 def test_gemma3_past_its_sliding_window_is_refused_in_one_line(tmp_path):
     """Inside its sliding window a Gemma 3 sliding layer is full attention; a prompt and answer past it are refused
     before any cell, in one line naming the window (the context window is the sliding window)."""

@@ -10,10 +10,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from kvroute.models.layers import base_model, decoder_layers, layer_rotary
+from kvroute.models.layers import base_model, decoder_layers, scorer_rotary
 from kvroute.models.queries import query_projection
 
 __all__ = ["REUSE_ROWS", "attention_hooks", "base_model", "decoder_layers", "RowReuse"]
+
+_NONE = object()  # an attribute that was not there
 
 #: the fewest rows a call must take for :class:`RowReuse` to answer it from the forward's product
 REUSE_ROWS = 256
@@ -28,18 +30,24 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any],
     projection (``q_proj``, or Phi-3's fused ``qkv_proj``: :func:`kvroute.models.queries.query_projection`), so
     the queries the model computed can be reused instead of recomputed.
 
-    Some kvpress scorers read ``module.rotary_emb`` (kvpress sets it in its own context manager);
-    it is attached here for the duration and detached afterwards, so no state is left on the model.
+    Some kvpress scorers read ``module.rotary_emb`` (kvpress sets it in its own context manager, and leaves it
+    there); the rotary kvpress gives them (:func:`~kvroute.models.layers.scorer_rotary`) is attached here for the
+    duration, over whatever an earlier kvpress run left, which is put back afterwards: kvroute's scores never depend
+    on what ran on the model before.
     """
     base = base_model(model)
     handles: list[RemovableHandle] = []
-    attached: list[Any] = []  # attention modules given a temporary ``rotary_emb``
+    attached: list[tuple[Any, Any]] = []  # (attention module, its own ``rotary_emb`` before, or _NONE)
     try:
+        rotary = scorer_rotary(model) if hasattr(base, "rotary_emb") else None
         for layer in decoder_layers(model):
             attn: Any = layer.self_attn  # read for its dynamic attributes (rotary_emb)
-            if not hasattr(attn, "rotary_emb") and hasattr(base, "rotary_emb"):
-                attn.rotary_emb = layer_rotary(model, attn)  # (Gemma 3: its layer type's)
-                attached.append(attn)
+            if rotary is not None:
+                before = getattr(attn, "rotary_emb", _NONE)
+                if before is not _NONE:  # (a module kvpress assigned is a child module: deleted, then replaced)
+                    delattr(attn, "rotary_emb")
+                attached.append((attn, before))
+                attn.rotary_emb = rotary
             handles.append(attn.register_forward_hook(hook, with_kwargs=True))
             proj = query_projection(attn)
             if q_proj_hook is not None and isinstance(proj, nn.Module):  # (a stand-in callable has no hooks)
@@ -48,8 +56,10 @@ def attention_hooks(model: nn.Module, hook: Callable[..., Any],
     finally:
         for h in handles:
             h.remove()
-        for attn in attached:
-            del attn.rotary_emb
+        for attn, before in attached:
+            delattr(attn, "rotary_emb")
+            if before is not _NONE:
+                attn.rotary_emb = before
 
 
 def _rows_of(x: torch.Tensor, base: torch.Tensor) -> slice | None:

@@ -26,17 +26,21 @@ def base_model(model: nn.Module) -> nn.Module:
     return getattr(base, "language_model", base)
 
 
-def layer_rotary(model: nn.Module, attn: nn.Module) -> Any:
-    """The rotary embedding attention module ``attn`` of ``model`` applies, as ``rotary(x, position_ids)``.
+def scorer_rotary(model: nn.Module) -> Any:
+    """The rotary embedding kvpress's scorers read as ``module.rotary_emb(x, position_ids)``, for every layer.
 
-    kvpress's scorers call ``module.rotary_emb(x, position_ids)``; Gemma 3 keeps one rotary module for two layer
-    types (sliding layers: base 10k, global ones: 1M) whose forward needs ``layer_type`` (transformers 5.2), so its
-    layers get the rotary bound to their own type. Other models: the model's rotary module itself."""
+    kvpress's hook sets ``layer.self_attn.rotary_emb = language_model.rotary_emb`` on every layer it compresses, and
+    its scorers (Expected Attention's averaged RoPE, CAP's anchor) rotate their query statistics with it. Gemma 3
+    keeps one rotary module for two layer types (sliding layers: base 10k, global ones: 1M) whose forward needs
+    ``layer_type`` (transformers 5.2), which kvpress never passes; on the transformers kvpress 0.5.5 runs Gemma 3 with
+    (4.56-4.57) ``rotary_emb`` is the global layers' rotary and the sliding layers' is a separate ``rotary_emb_local``
+    that kvpress never reads. So every layer, a compressed sliding layer of Gemma3ForCausalLM included, gets the
+    global layers' rotary, as in kvpress (not the base its keys were rotated with). Other models: the model's rotary
+    module itself."""
     rotary: Any = base_model(model).rotary_emb
-    layer_type = getattr(attn, "layer_type", None)
-    if layer_type is None or not hasattr(rotary, f"{layer_type}_inv_freq"):
+    if not hasattr(rotary, "full_attention_inv_freq"):
         return rotary
-    return functools.partial(rotary, layer_type=layer_type)
+    return functools.partial(rotary, layer_type="full_attention")
 
 
 class DefaultLayerType(nn.Module):
