@@ -51,8 +51,10 @@ class Plan:
 
     def describe(self) -> dict[str, Any]:
         c = self.config
-        per_unit = len(self.units[0]) if self.units else 0
+        per_unit = len(self.units[0].cells) if self.units else 0
+        asked = sum(len(u.instances) for u in self.units)
         return {"cells": self.cells, "units": len(self.units), "cells_per_unit": per_unit,
+                "questions_per_unit": asked / len(self.units) if self.units else 1.0,
                 "models": [m.name for m in c.models], "instances": self.instances, "presses": list(c.presses),
                 "ratios": list(c.ratios), "restore": list(c.restore), "regimes": list(c.regimes),
                 "seeds": list(c.seeds),
