@@ -70,13 +70,22 @@ def read_report(path: Path) -> Report:
 MODEL = re.compile(r"^Model: (?P<name>\S+?)[.]? ")
 
 
+def tiny_architecture(name: str) -> str | None:
+    """The registry architecture of a tiny model's name (``tiny-ARCH``, ``tiny-ARCH-HEADSIZE``), else None."""
+    if not name.startswith("tiny-"):
+        return None
+    arch = name.removeprefix("tiny-")
+    head, _, size = arch.rpartition("-")
+    return head if size.isdigit() and head in TINY_ARCHITECTURES else arch
+
+
 def other_reports() -> dict[str, list[str]]:
     """Per architecture, the other equivalence reports (zoo models, other devices and dtypes): ``[file](link) X/Y``."""
     from kvroute.models.zoo import ZOO
 
     found: dict[str, list[str]] = {}
     for path in sorted(RESULTS.glob("equivalence*.md")):
-        if path.name.startswith("equivalence_tiny-"):
+        if path.stem.removeprefix("equivalence_tiny-") in TINY_ARCHITECTURES:  # a row's own report
             continue
         rep = read_report(path)
         m = next((MODEL.match(line) for line in path.read_text(encoding="utf-8").splitlines()
@@ -84,8 +93,7 @@ def other_reports() -> dict[str, list[str]]:
         if m is None or not rep.agreement:
             continue
         name = m["name"]
-        arch = ZOO.get(name).architecture if name in ZOO else name.removeprefix("tiny-") if name.startswith(
-            "tiny-") else None
+        arch = ZOO.get(name).architecture if name in ZOO else tiny_architecture(name)
         if arch in TINY_ARCHITECTURES:
             label = name if path.stem == "equivalence" else path.stem.removeprefix("equivalence_")
             found.setdefault(arch, []).append(f"[{label}](../benchmarks/results/{path.name}) {rep.agreement}")

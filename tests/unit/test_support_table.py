@@ -31,3 +31,11 @@ def test_a_report_is_read_into_its_agreement_differences_and_refusal(tmp_path):
     refused.write_text("Model: tiny-y. Not run: kvroute cannot study tiny-y (y) yet: no.\nagreement: not studied\n",
                        encoding="utf-8")
     assert support_table.read_report(refused).not_run.startswith("kvroute cannot study tiny-y")
+
+
+def test_a_head_size_variants_report_belongs_to_its_architecture():
+    """``tiny-ARCH-HEADSIZE`` reports (``--model tiny-gemma3-128``) are listed under ARCH's other reports."""
+    assert support_table.tiny_architecture("tiny-gemma3-128") == "gemma3"
+    assert support_table.tiny_architecture("tiny-llama3-64") == "llama3"
+    assert support_table.tiny_architecture("tiny-gemma3_text") == "gemma3_text"
+    assert support_table.tiny_architecture("smollm2-135m") is None
