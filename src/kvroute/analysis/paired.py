@@ -99,6 +99,17 @@ def sign_flip_p(d: np.ndarray, *, n_draws: int, rng: np.random.Generator) -> flo
     return float((1 + np.sum(np.abs(signs @ nz) >= observed)) / (n_draws + 1))
 
 
+def paired_sentence(who: str, evidence: str, decided_text: str, *, n: int, unit: str, min_instances: int,
+                    decided: bool) -> str:
+    """A paired comparison's finding: "cannot decide" below ``min_instances`` shared ``unit`` (instances,
+    conversations) or when not decided, else ``decided_text``; ``evidence`` is the difference with its interval."""
+    if n < min_instances:
+        return f"{who}: cannot decide — only {n} shared {unit} (fewer than {min_instances})"
+    if not decided:
+        return f"{who}: cannot decide — {evidence}"
+    return f"{who}: {decided_text}"
+
+
 def compare_pair(a: pd.Series, b: pd.Series, *, n_boot: int, confidence: float,
                  rng: np.random.Generator) -> dict[str, object]:
     """The paired comparison of two presses' per-instance areas (see the module docstring)."""

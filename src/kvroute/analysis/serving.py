@@ -29,7 +29,7 @@ import pandas as pd
 
 from kvroute.analysis.bootstrap import percentile_interval, resample_weights
 from kvroute.analysis.common import BASELINE_PRESS, AnalysisError, attach_baseline, group_seed, require_columns
-from kvroute.analysis.paired import holm, instance_areas, sign_flip_p
+from kvroute.analysis.paired import holm, instance_areas, paired_sentence, sign_flip_p
 
 PAIR_COLUMNS = ["model", "regime", "press", "variant", "constrained", "page", "uniform", "n_shared", "n_ratios",
                 "area", "area_constrained", "difference", "difference_low", "difference_high", "p_value", "p_holm",
@@ -87,12 +87,9 @@ def _finding(r: dict[str, Any], confidence: float, min_instances: int) -> str:
     who = f"{r['press']} {_layout_text(r['page'], r['uniform'])} ({r['model']}, {r['regime']})"
     iv = (f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}] in H over the ratio grid "
           f"(area under H(α), paired on {r['n_shared']} instances, Holm p = {r['p_holm']:.3g})")
-    if r["n_shared"] < min_instances:
-        return f"{who}: cannot decide — only {r['n_shared']} shared instances (fewer than {min_instances})"
-    if not r["decided"]:
-        return f"{who}: cannot decide — {iv}"
     verb = "costs" if r["difference"] > 0 else "gains"
-    return f"{who}: the constraint {verb} {iv}"
+    return paired_sentence(who, iv, f"the constraint {verb} {iv}", n=r["n_shared"], unit="instances",
+                           min_instances=min_instances, decided=r["decided"])
 
 
 def serving_cost(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,

@@ -39,7 +39,7 @@ from kvroute.analysis.common import (
     group_seed,
     require_columns,
 )
-from kvroute.analysis.paired import holm, instance_areas, sign_flip_p
+from kvroute.analysis.paired import holm, instance_areas, paired_sentence, sign_flip_p
 
 TURN_KEYS = ("model", "press", "regime", "turn")
 PAIR_COLUMNS = ["model", "regime", "press", "turn", "n_shared", "n_ratios", "area_first", "area_turn",
@@ -146,12 +146,9 @@ def turn_finding(r: dict[str, Any], min_instances: int) -> str:
     iv = (f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}] in H over the ratio "
           f"grid against turn 1 (area {r['area_turn']:.3f} vs {r['area_first']:.3f}, paired on {r['n_shared']} "
           f"conversations the full cache answers right at both turns, Holm p = {r['p_holm']:.3g})")
-    if r["n_shared"] < min_instances:
-        return f"{who}: cannot decide — only {r['n_shared']} shared conversations (fewer than {min_instances})"
-    if not r["decided"]:
-        return f"{who}: cannot decide — {iv}"
     verb = "loses more" if r["difference"] > 0 else "loses less"
-    return f"{who}: the later turn {verb} to compression — {iv}"
+    return paired_sentence(who, iv, f"the later turn {verb} to compression — {iv}", n=r["n_shared"],
+                           unit="conversations", min_instances=min_instances, decided=r["decided"])
 
 
 def turn_alpha_text(cliffs: pd.DataFrame) -> list[str]:
