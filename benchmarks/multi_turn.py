@@ -76,7 +76,7 @@ def turn_times(model: str, n: int, seed: int) -> list[dict]:
     for conv in conversations(generate_tasks(spec, lm.tokenizer)):
         first = engine.run(conversation_prompt(lm.tokenizer, conv[:1], [], answer_prefix="Answer:"), cells)
         for k in range(1, len(conv)):
-            gold = [" " + t.answers[0] for t in conv[:k]]
+            gold = [t.answers[0] for t in conv[:k]]
             p = conversation_prompt(lm.tokenizer, conv[:k + 1], gold, answer_prefix="Answer:")
             t0 = time.perf_counter()
             shared = engine.run(p, cells, prefilled=first.prefill)

@@ -234,7 +234,7 @@ def run_conversation(engine: Engine, turns: Sequence[TaskInstance], cells: Seque
             answers = list(key) if history == "own" else [ABSTAIN_GOLD if t.unanswerable else t.answers[0]
                                                           for t in turns[:k]]
             try:
-                p = conversation_prompt(engine.lm.tokenizer, turns[:k + 1], [" " + a for a in answers],
+                p = conversation_prompt(engine.lm.tokenizer, turns[:k + 1], answers,
                                         regime=regime, system_prompt=settings.system_prompt,
                                         answer_prefix=settings.answer_prefix)
                 got, res = _run_prompt(engine, inst, p, [cells[i] for i in idx], regime=regime, seed=seed,

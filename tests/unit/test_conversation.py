@@ -99,12 +99,29 @@ def test_later_turns_share_the_context_and_locate_their_question_and_answer(lm, 
     if not chat:
         tok.chat_template = None
     p1 = conversation_prompt(tok, conv[:1], [], answer_prefix="Answer:")
-    p3 = conversation_prompt(tok, conv, [" Foo", " Bar"], answer_prefix="Answer:")
+    p3 = conversation_prompt(tok, conv, ["Foo", "Bar"], answer_prefix="Answer:")
     assert p3.context_ids == p1.context_ids
     assert p3.question_text.startswith(p1.question_text.removesuffix("Answer:"))
     assert "Foo" in p3.question_text and "Bar" in p3.question_text and p3.question_text.endswith("Answer:")
     assert tok.decode([p3.input_ids[i] for i in p3.question_positions]).strip() == conv[2].question
     assert tok.decode([p3.input_ids[i] for i in p3.answer_positions]).strip() == conv[2].answers[0]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("prefix", ["Answer:", "Answer: ", ""])
+def test_earlier_answers_are_written_with_the_models_own_separator(lm, conv, chat, prefix):
+    """Bare answers get the separator of ``answer_separator``: one space after ``"Answer:"`` or the chat
+    template's ``assistant\n``, none after ``"Answer: "``; an answer given with a space of its own gives the same."""
+    tok = lm.tokenizer if chat else copy.copy(lm.tokenizer)
+    if not chat:
+        tok.chat_template = None
+    bare = conversation_prompt(tok, conv, ["Foo", "Bar"], answer_prefix=prefix)
+    spaced = conversation_prompt(tok, conv, [" Foo", " Bar"], answer_prefix=prefix)
+    text = bare.question_text
+    assert spaced.question_text == text
+    sep = "" if prefix.endswith(" ") else " "
+    assert prefix + sep + "Foo" in text and prefix + sep + "Bar" in text
+    assert "  Foo" not in text and "  Bar" not in text
 
 
 def test_turn_prompts_refuse_the_aware_regime_and_other_contexts(lm, conv):
@@ -166,7 +183,7 @@ def test_a_later_turn_on_the_shared_prefill_equals_a_fresh_run_of_its_prompt(ran
     eng, out, _ = ran
     for k in (1, 2):
         for i, c in enumerate(CELLS):
-            history = [" " + out[j][i]["answer"] for j in range(k)]
+            history = [out[j][i]["answer"] for j in range(k)]
             p = conversation_prompt(lm.tokenizer, conv[:k + 1], history, answer_prefix=SETTINGS.answer_prefix)
             fresh, _ = _run_prompt(eng, conv[k], p, [c], regime="agnostic", seed=0, settings=SETTINGS,
                                    model_name=lm.name)
@@ -188,7 +205,7 @@ def test_gold_history_gives_every_cell_the_same_conversation(lm, conv):
     s = RunSettings(max_new_tokens=4, metrics=("utilization",), history="gold")
     eng = Engine(lm, s.decode_settings())
     out = run_conversation(eng, conv, CELLS, settings=s)
-    p = conversation_prompt(lm.tokenizer, conv, [" " + conv[0].answers[0], " " + conv[1].answers[0]])
+    p = conversation_prompt(lm.tokenizer, conv, [conv[0].answers[0], conv[1].answers[0]])
     fresh, _ = _run_prompt(eng, conv[2], p, CELLS, regime="agnostic", seed=0, settings=s, model_name=lm.name)
     assert [r["answer"] for r in out[2]] == [r["answer"] for r in fresh]
 

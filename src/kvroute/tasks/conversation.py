@@ -21,7 +21,7 @@ from typing import Any
 
 from kvroute.errors import ConfigError, TaskFormatError
 from kvroute.tasks.instance import TaskInstance
-from kvroute.tasks.prompt import Prompt, _encode, _positions, build_prompt, prompt_texts
+from kvroute.tasks.prompt import Prompt, _encode, _positions, answer_separator, build_prompt, prompt_texts
 
 #: the only regime with several turns: the question must be outside the compressed prefix
 TURN_REGIME = "agnostic"
@@ -54,8 +54,14 @@ def conversations(instances: Sequence[TaskInstance]) -> list[list[TaskInstance]]
 def conversation_prompt(tokenizer: Any, turns: Sequence[TaskInstance], answers: Sequence[str], *,
                         regime: str = TURN_REGIME, system_prompt: str | None = None,
                         answer_prefix: str = "") -> Prompt:
-    """The prompt of the last of ``turns`` after the earlier ones were answered with ``answers`` (as written
-    after the answer prefix, e.g. ``" Velkirra"``): turn 1's context, then the exchanges uncompressed.
+    """The prompt of the last of ``turns`` after the earlier ones were answered with ``answers``: turn 1's
+    context, then the exchanges uncompressed.
+
+    ``answers`` are the bare answer texts (``"Velkirra"``, as the model's stripped output or the gold);
+    each is written after the answer prefix with :func:`kvroute.tasks.prompt.answer_separator`, the
+    separator the model itself writes there (a space, unless the prefix ends with one), so an answer
+    prefix ``"Answer: "`` never gets two spaces. Surrounding whitespace is stripped first, so ``" Velkirra"``
+    and ``"Velkirra"`` give the same prompt.
 
     Positions (evidence, answer, distractors) are those of the last turn's instance inside the shared
     context; ``question_positions`` those of its question inside the suffix.
@@ -72,9 +78,10 @@ def conversation_prompt(tokenizer: Any, turns: Sequence[TaskInstance], answers: 
     if any(t.context != last.context for t in turns):
         raise ConfigError(f"turns {', '.join(t.id for t in turns)} do not share one context")
     prefix = prompt.answer_prefix
+    answers = [answer_separator(prompt, a.strip()) + a.strip() for a in answers]
     questions = [prompt_texts(t)[1] for t in turns]
     if getattr(tokenizer, "chat_template", None) is None:
-        parts = [q + "\n" + prefix + a.rstrip() + "\n" for q, a in zip(questions, answers, strict=False)]
+        parts = [q + "\n" + prefix + a + "\n" for q, a in zip(questions, answers, strict=False)]
         suffix = "".join(parts) + questions[-1] + "\n" + prefix
         q_start = len(suffix) - len(questions[-1] + "\n" + prefix) + questions[-1].find(last.question)
     else:
@@ -95,7 +102,7 @@ def _chat_suffix(tokenizer: Any, prompt: Prompt, questions: Sequence[str], answe
     messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": prompt.kvpress_context + sep + questions[0]})
     for a, q in zip(answers, [*questions[1:-1], mark], strict=True):
-        messages.append({"role": "assistant", "content": prompt.answer_prefix + a.rstrip()})
+        messages.append({"role": "assistant", "content": prompt.answer_prefix + a})
         messages.append({"role": "user", "content": q.lstrip() if q is not mark else mark})
     rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     parts = rendered.split(sep)
