@@ -107,3 +107,36 @@ def test_the_report_section_quotes_the_analysis(tmp_path):
     assert "Compress once, ask many: what later turns lose" in page
     flat = " ".join(page.split())
     assert all(f in flat for f in pairs["finding"])
+
+
+# --- the other sections read turn 1 only ----------------------------------------------------------------------------
+
+def _cliff(df):
+    from kvroute.analysis.settings import AnalysisConfig
+    from kvroute.analysis.summary import run_analysis
+
+    a = run_analysis(df, AnalysisConfig(n_boot=200))
+    return a, a.tables["cliffs"].set_index("press")
+
+
+def test_every_section_but_the_turns_reads_turn_one_only():
+    """Later turns (planted to lose more) change no estimate outside the turn analysis, which still sees them."""
+    df = planted(shift=0.3)
+    a, cliff = _cliff(df)
+    _, alone = _cliff(df[df["turn"] == 1])
+    pd.testing.assert_frame_equal(cliff, alone)
+    assert "turn_pairs" in a.tables and set(a.tables["turn_pairs"]["turn"]) == {2, 3}
+    assert "later turns" not in a.summary["notes"] and "read by the turn analysis only" in a.summary["notes"][
+        "later_turns"]
+
+
+def test_without_the_turn_one_view_later_turns_move_the_cliff(monkeypatch):
+    """Mutation: pool every turn into the other sections and the planted later-turn loss moves α*."""
+    import kvroute.analysis.summary as summary_mod
+
+    monkeypatch.setattr(summary_mod, "first_turns", lambda df: df)
+    df = planted(shift=0.3)
+    _, pooled = _cliff(df)
+    monkeypatch.undo()
+    _, alone = _cliff(df[df["turn"] == 1])
+    assert pooled.loc["p", "alpha_star"] < alone.loc["p", "alpha_star"] - 0.05

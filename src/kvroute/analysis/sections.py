@@ -7,6 +7,12 @@ that does not apply, or whose columns are absent, or whose estimator raises
 :class:`~kvroute.analysis.common.AnalysisError`, is named in ``summary["notes"]`` with the reason.
 Sections run in registration order and a later one may read an earlier one's tables
 (``press_league`` reads ``cliffs`` and ``ger_within_ratio``).
+
+Records of conversations (``decoding.history``) reach every section as turn 1 only, the single-question
+setting every estimator but the turn analysis is defined on; a section registered with ``every_turn``
+(the turn analysis) reads every turn. Later turns hold earlier exchanges in the cache — a condition of
+their own — and share their context, compression and instance draw with turn 1, so pooling them would
+count one conversation as several independent instances.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ class AnalysisSection:
     produces: tuple[str, ...]
     run: Callable[[SectionInput], Tables]
     applies: Callable[[SectionInput], str | None] | None = None
+    every_turn: bool = False  # reads every turn of a conversation (else turn 1 only)
 
     def skip_reason(self, x: SectionInput) -> str | None:
         """Why this section does not run on these records (the note's text), or None when it runs."""
@@ -88,15 +95,23 @@ SECTIONS: Registry[AnalysisSection] = Registry("analysis section")
 
 
 def section(name: str, needs: Sequence[str], produces: Sequence[str] | None = None, *,
-            applies: Callable[[SectionInput], str | None] | None = None
+            applies: Callable[[SectionInput], str | None] | None = None, every_turn: bool = False
             ) -> Callable[[Callable[[SectionInput], Tables]], Callable[[SectionInput], Tables]]:
     """Register the decorated function as section ``name`` (``produces`` defaults to one table of that name)."""
 
     def add(run: Callable[[SectionInput], Tables]) -> Callable[[SectionInput], Tables]:
-        SECTIONS.add(AnalysisSection(name, tuple(needs), tuple(produces or (name,)), run, applies))
+        SECTIONS.add(AnalysisSection(name, tuple(needs), tuple(produces or (name,)), run, applies, every_turn))
         return run
 
     return add
+
+
+def first_turns(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` without the later turns of its conversations (records with no turn are kept)."""
+    if not has_turns(df):
+        return df
+    turn = pd.to_numeric(df["turn"], errors="coerce")
+    return df[turn.isna() | (turn == 1)]
 
 
 def _nonempty(df: pd.DataFrame) -> pd.DataFrame:
@@ -215,7 +230,8 @@ def _serving_cost(x: SectionInput) -> Tables:
 
 # compress once, ask many: H, GER and α* by turn of a conversation, and each later turn against the first
 @section("turns", ["hallucinated", "outcome", "turn", "conversation"], ["turn_pairs", "turn_curves", "turn_cliffs"],
-         applies=lambda x: None if has_turns(x.df) else "no conversation of several turns (decoding.history unset)")
+         applies=lambda x: None if has_turns(x.df) else "no conversation of several turns (decoding.history unset)",
+         every_turn=True)
 def _turns(x: SectionInput) -> Tables:
     return (turn_pairs(x.df, min_instances=x.cfg.league_min_instances, **x.boot), turn_curves(x.df, **x.boot),
             turn_cliffs(x.df, **x.boot))

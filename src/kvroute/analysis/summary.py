@@ -20,7 +20,7 @@ from kvroute.analysis.common import ALL, PRESS_KEYS, AnalysisError, jsonable, wi
 from kvroute.analysis.curves import CONSENSUS_COL, CONSENSUS_GROUP_COL, TREND_MEANING
 from kvroute.analysis.league import LEAGUE_RULE
 from kvroute.analysis.load import drop_errors, rename_legacy_fields
-from kvroute.analysis.sections import SECTIONS, SectionInput
+from kvroute.analysis.sections import SECTIONS, SectionInput, first_turns
 from kvroute.analysis.settings import AnalysisConfig
 
 __all__ = ["Analysis", "AnalysisConfig", "analyze", "run_analysis"]
@@ -64,8 +64,14 @@ def run_analysis(df: pd.DataFrame, config: AnalysisConfig | None = None) -> Anal
                                             for g in cell_errors[:5])
                                 + (f"; {len(cell_errors) - 5} more reasons" if len(cell_errors) > 5 else ""))
 
-    x = SectionInput(df, cfg, tables)
+    first = first_turns(df)
+    if len(first) < len(df):
+        notes["later_turns"] = (f"{len(df) - len(first)} records of turns after the first are read by the turn "
+                                "analysis only; every other estimate is on turn 1 of each conversation "
+                                f"({len(first)} records)")
+    one, every = SectionInput(first, cfg, tables), SectionInput(df, cfg, tables)
     for name, sec in SECTIONS.items():
+        x = every if sec.every_turn else one
         reason = sec.skip_reason(x)
         if reason is not None:
             notes[name] = reason

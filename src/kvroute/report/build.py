@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from kvroute import __version__
+from kvroute.analysis.sections import first_turns
 from kvroute.analysis.summary import AnalysisConfig, run_analysis
 from kvroute.files import write_folder
 from kvroute.progress import SILENT, Progress
@@ -54,9 +55,10 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, manifest: dict[str, A
     s = analysis.summary
     files: dict[str, bytes] = {}  # relative path → bytes, written together at the end
     with progress.task("report: drawing the figures", total=len(FIGURES)) as bar:
-        r = ReportInput(s, analysis.tables, cfg, df, files, bar.advance, manifest=manifest, survival=survival,
-                        examples_per_ratio=examples_per_ratio, tickets=tickets, ticket_images=ticket_images,
-                        restoration=restoration, restore_maps=restore_maps)
+        # the examples and maps read turn 1 of each conversation, as every estimate but the turn analysis does
+        r = ReportInput(s, analysis.tables, cfg, first_turns(df), files, bar.advance, manifest=manifest,
+                        survival=survival, examples_per_ratio=examples_per_ratio, tickets=tickets,
+                        ticket_images=ticket_images, restoration=restoration, restore_maps=restore_maps)
         sections = [(sec, sec.render(r)) for _, sec in SECTIONS.items()]
     meta = (f"kvroute {__version__} · {s['n_records']} records · "
             f"bootstrap {cfg.n_boot} replicates over instances, seed {cfg.seed}")
