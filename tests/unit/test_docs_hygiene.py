@@ -8,7 +8,10 @@ Commit hashes and sequences of past timings go stale with the next change: dated
 (b) at most :data:`MAX_DURATIONS` measured durations (a number followed by s, ms, min, h, minutes or seconds)
     outside fenced code blocks — more is a timing history, which belongs in a results file;
 (c) README.md, the front door, has at most :data:`README_MAX_LINES` lines;
-(d) every docs page but docs/README.md is linked from README.md, so that none is orphaned.
+(d) every docs page but docs/README.md is linked from README.md, so that none is orphaned;
+(e) a finding the docs quote (a ``> `` block-quote line) is the code's sentence, word for word, as a committed
+    result file under ``benchmarks/results/`` holds it: the docs quote findings, they never paraphrase them,
+    and a rerun that changes a sentence makes the quote fail until it is updated.
 """
 
 import re
@@ -175,3 +178,29 @@ def test_docs_link_pattern(tmp_path):
         "```\n[inside](docs/presses.md)\n```\n",
         encoding="utf-8")
     assert linked_docs(readme) == {"models.md", "report.md", "design.md", "tasks.md"}
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+#: a quoted line this long is a finding (shorter ones are notes or examples)
+QUOTE_MIN_CHARS = 40
+
+
+def quoted_lines(page: Path) -> list[tuple[int, str]]:
+    """``(line number, text)`` of the block-quote lines of ``page`` that are long enough to be findings."""
+    return [(i, line[2:].strip()) for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+            if line.startswith("> ") and len(line) > QUOTE_MIN_CHARS]
+
+
+def test_every_quoted_finding_is_a_committed_result_word_for_word():
+    results = "\n".join(p.read_text(encoding="utf-8") for p in sorted(RESULTS.glob("*.md")))
+    missing = [f"{page.relative_to(ROOT)}:{i}: {text[:100]}" for page in DOCS for i, text in quoted_lines(page)
+               if text not in results]
+    assert not missing, "quoted but in no benchmarks/results/*.md:\n" + "\n".join(missing)
+    assert sum(len(quoted_lines(p)) for p in DOCS) >= 10  # the check reads the quotes the docs hold
+
+
+def test_a_paraphrased_quote_is_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("> expected_attention at page size 16, per head: cannot decide — roughly no cost at all\n")
+    results = "\n".join(p.read_text(encoding="utf-8") for p in sorted(RESULTS.glob("*.md")))
+    assert [t for _, t in quoted_lines(page) if t not in results]

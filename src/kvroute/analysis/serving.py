@@ -9,8 +9,12 @@ its press's budget, so the two differ only in *which* entries they keep: the que
   over the common ratio grid), with a paired instance-bootstrap interval and the within-instance sign-flip
   p-value, Holm-adjusted over every variant of the (model, regime). Positive: the constraint hallucinates
   more — the server's cost. A variant is *decided* when its adjusted p ≤ 1 − confidence.
+* **Δ area GER**: the same paired rule on each instance's area under GER (the share of the evidence evicted
+  from every head) over the grid — instances whose GER is undefined left out — with its own interval,
+  sign-flip p-value and Holm adjustment over the variants: the routing side of the cost, decided on its own
+  (a constraint can evict the evidence more while the answers change too little to decide).
 * **ΔH** and **ΔGER** at each ratio: mean paired differences of the hallucination flag and of GER, with
-  paired instance-bootstrap intervals (display; the decision is the area's).
+  paired instance-bootstrap intervals (display; the decisions are the areas').
 * **Detection**: per press and head layout (per head, head-uniform), the smallest page size whose variant
   is decided costlier (``uniform`` alone is page size 1: token granularity).
 
@@ -33,7 +37,8 @@ from kvroute.analysis.paired import holm, instance_areas, paired_sentence, sign_
 
 PAIR_COLUMNS = ["model", "regime", "press", "variant", "constrained", "page", "uniform", "n_shared", "n_ratios",
                 "area", "area_constrained", "difference", "difference_low", "difference_high", "p_value", "p_holm",
-                "decided", "ger_difference", "finding"]
+                "decided", "ger_n", "ger_difference", "ger_difference_low", "ger_difference_high", "ger_p_holm",
+                "ger_decided", "finding"]
 RATIO_COLUMNS = ["model", "regime", "press", "variant", "ratio", "n", "dh", "dh_low", "dh_high", "dger", "dger_low",
                  "dger_high"]
 DETECT_COLUMNS = ["model", "regime", "press", "layout", "pages_tested", "smallest_detected", "finding"]
@@ -88,8 +93,24 @@ def _finding(r: dict[str, Any], confidence: float, min_instances: int) -> str:
     iv = (f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}] in H over the ratio grid "
           f"(area under H(α), paired on {r['n_shared']} instances, Holm p = {r['p_holm']:.3g})")
     verb = "costs" if r["difference"] > 0 else "gains"
-    return paired_sentence(who, iv, f"the constraint {verb} {iv}", n=r["n_shared"], unit="instances",
+    text = paired_sentence(who, iv, f"the constraint {verb} {iv}", n=r["n_shared"], unit="instances",
                            min_instances=min_instances, decided=r["decided"])
+    return text + _ger_clause(r, min_instances)
+
+
+def _ger_clause(r: dict[str, Any], min_instances: int) -> str:
+    """The GER half of a variant's finding ("" when the records have no GER)."""
+    n = r.get("ger_n")
+    if n is None or r.get("ger_difference") is None or not np.isfinite(r["ger_difference"]):
+        return ""
+    if n < min_instances:
+        return f"; GER: cannot decide — only {n} instances with a defined GER (fewer than {min_instances})"
+    iv = (f"{r['ger_difference']:+.3f} [{r['ger_difference_low']:+.3f}, {r['ger_difference_high']:+.3f}] in GER over "
+          f"the ratio grid (Holm p = {r['ger_p_holm']:.3g}, {n} instances)")
+    if not r["ger_decided"]:
+        return f"; GER: cannot decide — {iv}"
+    more = "more" if r["ger_difference"] > 0 else "less"
+    return f"; it evicts the evidence {more}: {iv}"
 
 
 def serving_cost(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
@@ -135,7 +156,11 @@ def serving_cost(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.
                 if has_ger:
                     ga, gc = instance_areas(plain, grid, "ger"), instance_areas(gv, grid, "ger")
                     sg = ga.index.intersection(gc.index)
-                    row["ger_difference"] = float((gc.loc[sg] - ga.loc[sg]).mean()) if len(sg) else None
+                    dg = (gc.loc[sg] - ga.loc[sg]).to_numpy(float)
+                    gm, glo, ghi = _paired(dg, n_boot, confidence, rng)
+                    row.update(ger_n=len(dg), ger_difference=gm if len(dg) else None, ger_difference_low=glo,
+                               ger_difference_high=ghi,
+                               ger_p_value=sign_flip_p(dg, n_draws=n_boot, rng=rng) if len(dg) >= 2 else 1.0)
                 group.append(row)
                 key = {"model": model, "regime": regime, "press": base, "variant": variant}
                 if per_ratio:
@@ -146,6 +171,11 @@ def serving_cost(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.
         for r, ph in zip(group, holm(np.array([r["p_value"] for r in group])), strict=True):
             r["p_holm"] = float(ph)
             r["decided"] = bool(r["n_shared"] >= min_instances and ph <= 1 - confidence)
+        if has_ger:  # its own Holm family: the GER areas of the same variants
+            for r, ph in zip(group, holm(np.array([r["ger_p_value"] for r in group])), strict=True):
+                r["ger_p_holm"] = float(ph)
+                r["ger_decided"] = bool(r["ger_n"] >= min_instances and ph <= 1 - confidence)
+        for r in group:
             r["finding"] = _finding(r, confidence, min_instances)
         pairs += group
     if not pairs:

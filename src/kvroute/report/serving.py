@@ -16,7 +16,8 @@ from kvroute.report import html as h
 PAIR_COLS = [("model", "model"), ("press", "press"), ("variant", "constraint"), ("n_shared", "instances"),
              ("area", "area H (press)"), ("area_constrained", "area H (constrained)"), ("difference", "Δ area"),
              ("difference_low", "Δ low"), ("difference_high", "Δ high"), ("p_holm", "Holm p"),
-             ("ger_difference", "Δ area GER")]
+             ("ger_difference", "Δ area GER"), ("ger_difference_low", "GER low"),
+             ("ger_difference_high", "GER high"), ("ger_p_holm", "GER Holm p")]
 RATIO_COLS = [("model", "model"), ("press", "press"), ("variant", "constraint"), ("ratio", "α"), ("n", "instances"),
               ("dh", "ΔH"), ("dh_low", "ΔH low"), ("dh_high", "ΔH high"), ("dger", "ΔGER"), ("dger_low", "ΔGER low"),
               ("dger_high", "ΔGER high")]

@@ -12,6 +12,12 @@ The truth of a variant is the difference of the true areas under its curve and t
 (:func:`true_difference`, the estimand of :mod:`kvroute.analysis.serving`). Rows: the share of 95%
 intervals covering it, the share of sets deciding a cost (power, where ``c > 0``) and, for the zero-cost
 control, the share deciding any difference (a false detection, which must stay near 5%).
+
+**GER** is the cell's hallucination flag unless ``ger_shifts`` is given; then it is planted apart from H:
+``GER_i(α) = clip(α / 2 + o_i + s_v·[α > 0] + ε, 0, 1)`` with an instance offset ``o_i ~ U(0, ger_spread)``
+(instances differ far more than the variants do), the variant's shift ``s_v`` and cell noise
+``ε ~ N(0, 0.03)``: a constraint that evicts the evidence more without changing the answers.
+:func:`true_ger_difference` is its estimand.
 """
 
 from __future__ import annotations
@@ -48,10 +54,20 @@ def true_difference(cost: float) -> float:
     return area(_curve(x, cost)) - area(curve(x))
 
 
-def simulate(n: int, churn: float, rng: np.random.Generator, costs: dict[str, float] | None = None) -> pd.DataFrame:
+def true_ger_difference(shift: float) -> float:
+    """True area under a variant's GER minus the press's for a planted ``shift`` (no clipping: the planted
+    values stay inside [0, 1] up to the noise): the shift over the part of the grid above α = 0."""
+    x = np.asarray(RATIOS)
+    step = (x > 0).astype(float)
+    return shift * float(((step[1:] + step[:-1]) / 2 * np.diff(x)).sum() / (x[-1] - x[0]))
+
+
+def simulate(n: int, churn: float, rng: np.random.Generator, costs: dict[str, float] | None = None, *,
+             ger_shifts: dict[str, float] | None = None, ger_spread: float = 0.4) -> pd.DataFrame:
     """One record set: ``knorm`` and ``knorm+<variant>`` for each planted variant on ``n`` instances."""
     x = np.asarray(RATIOS)
     u = rng.random((n, 1))
+    offset = rng.random((n, 1)) * ger_spread if ger_shifts is not None else None
     rows = []
     for variant, cost in {"": 0.0, **(costs or COSTS)}.items():
         h = _curve(x, cost)[None, :]  # [1, C]
@@ -59,12 +75,17 @@ def simulate(n: int, churn: float, rng: np.random.Generator, costs: dict[str, fl
         redraw = rng.random(flags.shape) < churn
         flags = np.where(redraw, rng.random(flags.shape) < h, flags)  # [n, C]
         flags[:, 0] = u[:, 0] < h[0, 0]  # α = 0 is the one shared uncompressed run
+        ger = flags.astype(float)
+        if ger_shifts is not None and offset is not None:
+            shift = ger_shifts.get(variant, 0.0) * (x > 0)[None, :]
+            ger = np.clip(x[None, :] / 2 + offset + shift + rng.normal(0.0, 0.03, flags.shape), 0.0, 1.0)
+            ger[:, 0] = np.clip(offset[:, 0], 0.0, 1.0)  # the shared uncompressed run
         press = "knorm" + (f"+{variant}" if variant else "")
         for i in range(n):
             for j, r in enumerate(x):
                 rows.append({"model": "planted", "regime": "agnostic", "family": "base", "press": press,
                              "instance_id": f"i{i}", "ratio": float(r), "hallucinated": bool(flags[i, j]),
-                             "ger": float(flags[i, j])})
+                             "ger": float(ger[i, j])})
     return pd.DataFrame(rows)
 
 
