@@ -44,7 +44,7 @@ def test_known_differences_per_ratio_and_over_the_grid():
     assert "knorm at page size 16, per head (m, agnostic): the constraint costs +0.111" in row["finding"]
     # GER 0.5 at 0.9 on the same six instances: +0.056 in GER area, p = 2/64, decided on its own
     assert row["ger_difference"] == pytest.approx(0.5 * 0.4 * 0.25 / 0.9) and row["ger_decided"]
-    assert "; it evicts the evidence more: +0.056" in row["finding"]
+    assert "; GER: it evicts the evidence more: +0.056" in row["finding"]
     assert detect.iloc[0]["smallest_detected"] == 16
     assert len(serving_findings(pairs, detect)) == 2
 
@@ -124,4 +124,4 @@ def test_the_ger_finding_says_when_too_few_instances_have_a_ger():
     df = ps.simulate(48, 0.1, rng, costs=NO_COST, ger_shifts=GER_SHIFTS)
     df.loc[~df["instance_id"].isin([f"i{k}" for k in range(6)]), "ger"] = np.nan  # evidence "none" elsewhere
     row = serving_cost(df, n_boot=100, per_ratio=False)[0].set_index("variant").loc["paged[block=64]"]
-    assert row["ger_n"] == 6 and "GER: cannot decide — only 6 instances with a defined GER" in row["finding"]
+    assert row["ger_n"] == 6 and "GER: cannot decide — only 6 shared instances with a defined GER" in row["finding"]

@@ -103,14 +103,12 @@ def _ger_clause(r: dict[str, Any], min_instances: int) -> str:
     n = r.get("ger_n")
     if n is None or r.get("ger_difference") is None or not np.isfinite(r["ger_difference"]):
         return ""
-    if n < min_instances:
-        return f"; GER: cannot decide — only {n} instances with a defined GER (fewer than {min_instances})"
     iv = (f"{r['ger_difference']:+.3f} [{r['ger_difference_low']:+.3f}, {r['ger_difference_high']:+.3f}] in GER over "
           f"the ratio grid (Holm p = {r['ger_p_holm']:.3g}, {n} instances)")
-    if not r["ger_decided"]:
-        return f"; GER: cannot decide — {iv}"
     more = "more" if r["ger_difference"] > 0 else "less"
-    return f"; it evicts the evidence {more}: {iv}"
+    return "; " + paired_sentence("GER", iv, f"it evicts the evidence {more}: {iv}", n=n,
+                                  unit="instances with a defined GER", min_instances=min_instances,
+                                  decided=r["ger_decided"])
 
 
 def serving_cost(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
