@@ -58,6 +58,19 @@ def test_sign_flip_p_is_exact_on_a_hand_enumerated_case():
     assert sign_flip_p(np.zeros(5), n_draws=10, rng=np.random.default_rng(0)) == 1.0
 
 
+def test_a_decisive_difference_survives_holm_whatever_the_bootstrap_size(monkeypatch):
+    """48 instances, 40 of them worse by 1: p far below 1e-3. With few bootstrap replicates the test still draws
+    enough assignments to pass Holm over 16 comparisons; mutation (draws = replicates) cannot."""
+    import kvroute.analysis.paired as paired_mod
+
+    d = np.r_[np.ones(40), np.zeros(8)]
+    p = sign_flip_p(d, n_draws=200, rng=np.random.default_rng(0))
+    assert p == pytest.approx(1 / (paired_mod.MIN_FLIP_DRAWS + 1)) and holm(np.r_[p, np.ones(15)])[0] <= 0.05
+    monkeypatch.setattr(paired_mod, "MIN_FLIP_DRAWS", 0)
+    coarse = sign_flip_p(d, n_draws=200, rng=np.random.default_rng(0))
+    assert coarse == pytest.approx(1 / 201) and holm(np.r_[coarse, np.ones(15)])[0] > 0.05
+
+
 def test_the_sign_flip_holds_its_size_where_the_bootstrap_p_does_not():
     # symmetric paired differences, mostly zero (answers that agree), 10 instances: the null is true; the mutant
     # decides by the percentile-bootstrap p (the former rule)
