@@ -8,7 +8,8 @@ answer appended to the cache uncompressed. The script sweeps the multi-question 
 (``TaskSpec(questions=3)``: three drafts about different people in one context, padded to ~480 tokens)
 with ``decoding.history`` set (``gold`` by default: every cell's cache holds the earlier questions with
 their gold answers, so each turn measures what the compressed context loses; ``own``: each cell's own
-answers, as a chat server holds them — errors then compound), two presses over the demo's ratios. The
+answers, as a chat server holds them — errors then compound), two presses over the demo's ratios and three
+below them. The
 records are read back through ``kvroute.analysis.turns`` (each later turn against turn 1, paired on
 conversations; H and the GER of each turn's own evidence per ratio; α* by turn) and written to
 results/multi_turn[_MODEL].md with the finding sentences the analysis writes.
@@ -31,8 +32,9 @@ from common import RESULTS, environment, md_table
 #: two presses of different kinds (question-agnostic statistics of the queries; the last window's attention): each
 #: turn re-decodes every cell, so the grid is kept to what the 2-core reference machine runs in an hour per model
 PRESSES = ("expected_attention", "snapkv[window_size=16]")
-#: the demo's ratios (kvroute.demo.DEMO_RATIOS)
-RATIOS = (0.0, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95)
+#: the demo's ratios (kvroute.demo.DEMO_RATIOS) and three below them: on these 480-token contexts Qwen2.5-0.5B's
+#: cliff lies below the demo's first ratio (H 0.19 at α = 0, 0.72 at 0.5 on the first run), where no α* can be placed
+RATIOS = (0.0, 0.1, 0.25, 0.4, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95)
 QUESTIONS = 3
 TARGET_TOKENS = 480
 
