@@ -33,7 +33,7 @@ import pandas as pd
 
 from kvroute.analysis.bootstrap import percentile_interval, resample_weights
 from kvroute.analysis.common import BASELINE_PRESS, AnalysisError, attach_baseline, group_seed, require_columns
-from kvroute.analysis.paired import holm, instance_areas, paired_sentence, sign_flip_p
+from kvroute.analysis.paired import compare_pair, holm, instance_areas, paired_sentence
 
 PAIR_COLUMNS = ["model", "regime", "press", "variant", "constrained", "page", "uniform", "n_shared", "n_ratios",
                 "area", "area_constrained", "difference", "difference_low", "difference_high", "p_value", "p_holm",
@@ -88,6 +88,17 @@ def _paired(d: np.ndarray, n_boot: int, confidence: float, rng: np.random.Genera
     return float(d.mean()), float(lo), float(hi)
 
 
+def _compared(constrained: pd.Series, press: pd.Series, n_boot: int, confidence: float,
+              rng: np.random.Generator) -> dict[str, Any]:
+    """:func:`~kvroute.analysis.paired.compare_pair` of per-instance areas, constrained − press, with a NaN
+    difference and interval where fewer than two instances pair up."""
+    out = {"difference_low": float("nan"), "difference_high": float("nan"),
+           **compare_pair(constrained, press, n_boot=n_boot, confidence=confidence, rng=rng)}
+    if out["difference"] is None:
+        out["difference"] = float("nan")
+    return out
+
+
 def _finding(r: dict[str, Any], confidence: float, min_instances: int) -> str:
     who = f"{r['press']} {_layout_text(r['page'], r['uniform'])} ({r['model']}, {r['regime']})"
     iv = (f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}] in H over the ratio grid "
@@ -139,26 +150,21 @@ def serving_cost(df: pd.DataFrame, *, n_boot: int = 2000, confidence: float = 0.
                 if len(grid) < 2:
                     continue
                 rng = group_seed(seed, ("serving", model, regime, base, variant))
-                a, b = instance_areas(plain, grid), instance_areas(gv, grid)
-                shared = a.index.intersection(b.index)
-                d = (b.loc[shared] - a.loc[shared]).to_numpy(float)
-                mean, lo, hi = _paired(d, n_boot, confidence, rng)
+                # compare_pair(x, y) pairs x − y: the constrained variant against its press
+                h = _compared(instance_areas(gv, grid), instance_areas(plain, grid), n_boot, confidence, rng)
                 page, uniform = variant_layout(str(variant))
                 row: dict[str, Any] = {
                     "model": model, "regime": regime, "press": base, "variant": variant,
-                    "constrained": gv["press"].iloc[0], "page": page, "uniform": uniform, "n_shared": len(d),
-                    "n_ratios": len(grid), "area": float(a.loc[shared].mean()) if len(d) else None,
-                    "area_constrained": float(b.loc[shared].mean()) if len(d) else None, "difference": mean,
-                    "difference_low": lo, "difference_high": hi,
-                    "p_value": sign_flip_p(d, n_draws=n_boot, rng=rng) if len(d) >= 2 else 1.0}
+                    "constrained": gv["press"].iloc[0], "page": page, "uniform": uniform, "n_shared": h["n_shared"],
+                    "n_ratios": len(grid), "area": h["area_b"], "area_constrained": h["area_a"],
+                    "difference": h["difference"], "difference_low": h["difference_low"],
+                    "difference_high": h["difference_high"], "p_value": h["p_value"]}
                 if has_ger:
-                    ga, gc = instance_areas(plain, grid, "ger"), instance_areas(gv, grid, "ger")
-                    sg = ga.index.intersection(gc.index)
-                    dg = (gc.loc[sg] - ga.loc[sg]).to_numpy(float)
-                    gm, glo, ghi = _paired(dg, n_boot, confidence, rng)
-                    row.update(ger_n=len(dg), ger_difference=gm if len(dg) else None, ger_difference_low=glo,
-                               ger_difference_high=ghi,
-                               ger_p_value=sign_flip_p(dg, n_draws=n_boot, rng=rng) if len(dg) >= 2 else 1.0)
+                    g = _compared(instance_areas(gv, grid, "ger"), instance_areas(plain, grid, "ger"), n_boot,
+                                  confidence, rng)
+                    row.update(ger_n=g["n_shared"], ger_difference=g["difference"] if g["n_shared"] else None,
+                               ger_difference_low=g["difference_low"], ger_difference_high=g["difference_high"],
+                               ger_p_value=g["p_value"])
                 group.append(row)
                 key = {"model": model, "regime": regime, "press": base, "variant": variant}
                 if per_ratio:
