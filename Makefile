@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.kvroute-installed
 PYTEST := $(PY) -m pytest
 LOCK   := constraints.txt
 
-.PHONY: demo test test-fast test-slow test-all bench lint check venv clean lock
+.PHONY: demo test test-fast test-slow test-all bench lint check kernel venv clean lock
 
 venv: $(STAMP)
 
@@ -60,6 +60,11 @@ lint: $(STAMP)
 check: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/mypy src
+
+# the optional kept-entries attention kernel (C++, AVX-512): built ahead of use, never inside a run;
+# .ci/run builds it so that its tests run there (docs/performance.md says when it pays)
+kernel: $(STAMP)
+	$(VENV)/bin/kvroute kernel build
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info

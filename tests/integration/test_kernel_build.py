@@ -15,7 +15,6 @@ run with the kernel off.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import signal
@@ -33,7 +32,7 @@ from kvroute.engine.attention import kept
 from kvroute.engine.kept_build import KernelSpec, KernelUnavailable, obtain
 from kvroute.filelock import FileLock
 
-NAME = kept._build_name(kept._cpu_flags())  # the real module name: the wrapper runs kept.kernel() itself
+NAME = kept._build_name(kept._cpu_flags())  # the real module name: the wrapper runs the real build command
 STAND_IN = r"""
 #include <Python.h>
 #include <stdio.h>
@@ -61,7 +60,8 @@ if pids:
 time.sleep(delay)
 shutil.copy(template, target)
 """
-#: kept.kernel() in a process of its own, with the fake build (``fake``: the stand-in's path) and a pause at a stage
+#: `kvroute kernel build` in a process of its own, then what a run loads (kept.kernel()), with the fake build
+#: (``fake``: the stand-in's path) and a pause at a stage
 WRAPPER = """
 import json, logging, sys, time
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -80,7 +80,12 @@ def stage(name):
     if name == a.get("pause"):
         time.sleep(600)
 kept_build._stage = stage
-module = kept.kernel()
+from kvroute.cli import main
+try:
+    main(["kernel", "build"])
+except SystemExit as e:
+    print("exit", e.code, flush=True)
+module = kept.kernel()  # what a run then loads (never builds)
 print("module", None if module is None else getattr(module, "origin", "real"), flush=True)
 """
 
@@ -164,6 +169,10 @@ def _gone(pid: int, within: float = 10.0) -> bool:
     return False
 
 
+#: how `kvroute kernel build`'s one error line ends
+FALLBACK = "PyTorch's kernels run instead"
+
+
 def _building_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("kvroute: building the kept-entries")]
 
@@ -210,7 +219,7 @@ def test_a_lock_still_held_after_its_holder_died_is_broken(home, fake_build):
         os.kill(orphan, signal.SIGKILL)
 
 
-def test_a_live_holder_past_the_timeout_leaves_pytorchs_kernels_and_one_line(home, fake_build, monkeypatch, caplog):
+def test_a_live_holder_past_the_timeout_stops_the_build_in_one_line(home, fake_build, monkeypatch):
     folder = home / "kernels"
     folder.mkdir(parents=True, mode=0o700)
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from kvroute.filelock import FileLock; "
@@ -223,15 +232,14 @@ def test_a_live_holder_past_the_timeout_leaves_pytorchs_kernels_and_one_line(hom
         monkeypatch.setattr(kept, "_avx512", lambda: True)
         monkeypatch.setattr(kept, "_can_build", lambda have_ninja: None)
         start = time.monotonic()
-        with caplog.at_level(logging.INFO, logger=kept.log.name):
-            assert kept.kernel.__wrapped__() is None
+        with pytest.raises(KernelUnavailable) as failed:
+            kept.build_kernel()
         assert 1.5 <= time.monotonic() - start < 10
     finally:
         holder.kill()
         holder.wait()
-    (line,) = [r.getMessage() for r in caplog.records if r.name == kept.log.name]
-    assert "\n" not in line and line.endswith("PyTorch's kernels run")
-    assert f"another process (pid {holder.pid} on " in line and "within 1.5 s" in line
+    line = str(failed.value)
+    assert "\n" not in line and f"another process (pid {holder.pid} on " in line and "within 1.5 s" in line
     assert kept_build.TIMEOUT_ENV in line and fake_build["calls"] == 0
 
 
@@ -370,9 +378,9 @@ def test_a_read_only_folder_without_a_build_falls_back_in_one_line(home, stand_i
     folder = home / "kernels"
     folder.mkdir(parents=True, mode=0o700)
     code, out, err = _read_only_run(folder, {"fake": str(stand_ins["build"])}, {"KVROUTE_HOME": str(home)})
-    assert code == 0 and "module None" in out, err
+    assert code == 0 and "exit 1" in out and "module None" in out, err
     (line,) = err.splitlines()
-    assert f"cannot build in {folder}" in line and line.endswith("PyTorch's kernels run")
+    assert f"cannot build in {folder}" in line and line.endswith(FALLBACK)
 
 
 # no compiler: one line, no banner -------------------------------------------------------------------------------
@@ -382,10 +390,10 @@ def test_without_a_working_compiler_one_line_and_no_banner(compiler, home, tmp_p
     runs in its own process and its multi-line warning banner goes to the build's log; the run prints one line."""
     proc = subprocess.run([sys.executable, "-c", WRAPPER, json.dumps({})], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "KVROUTE_HOME": str(home), "CXX": compiler})
-    assert proc.returncode == 0 and "module None" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "exit 1" in proc.stdout and "module None" in proc.stdout, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("WARNING kept-entries attention kernel unavailable (")
-    assert lines[-1].endswith("PyTorch's kernels run") or "pip install" in lines[-1]
+    assert lines and lines[-1].startswith("error: the kept-entries attention kernel cannot be built here: ")
+    assert lines[-1].endswith(FALLBACK)
     assert "!!" not in proc.stderr and "Traceback" not in proc.stderr
     if shutil.which("ninja") or _has_ninja():
         if compiler == "false":
@@ -491,12 +499,13 @@ def _close(a, b, tol: float = 1e-4) -> bool:
 
 
 @pytest.mark.slow
-def test_a_real_build_killed_at_several_points_then_a_run_matches_one_without_the_kernel(tmp_path):
-    """The real compile killed with -9 at three points (the run paused holding the lock; the run 3 s into the
-    compile; the build process itself 3 s in), then ``kvroute run`` on a head-size-64 tiny model: it builds the kernel
-    (once, saying so), completes, and its records equal, bit for bit, those of a run on a fresh home where no build
-    ever happened; and those of a run with the kernel off (KVROUTE_KEPT_KERNEL=0), answers exactly and floats to
-    float32 rounding."""
+def test_a_real_build_killed_at_several_points_then_runs_match_without_the_kernel(tmp_path):
+    """The real compile killed with -9 at three points (the build paused holding the lock; the build command 3 s into
+    the compile; the compiling process itself 3 s in). Then ``kvroute run`` on a head-size-64 tiny model never builds
+    (the kernel is opt-in): its records equal, bit for bit, those of a run with the kernel off
+    (KVROUTE_KEPT_KERNEL=0). ``kvroute kernel build`` then builds it, once, saying so, and a run with it gives records
+    equal, bit for bit, to a run on a fresh home built without kills, and to the kernel-off run, answers exactly and
+    floats to float32 rounding."""
     import torch
 
     from kvroute.models import save_tiny_model
@@ -526,21 +535,36 @@ def test_a_real_build_killed_at_several_points_then_a_run_matches_one_without_th
     model = save_tiny_model(tmp_path / "tiny64", "llama", seed=0, hidden=256, heads=4, kv_heads=2)  # head size 64
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in generate_tasks(TaskSpec("base", n=2, seed=0))))
+
+    def cli(*args: str, where: Path, kernel: str = "1") -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KVROUTE_HOME": str(where), "KVROUTE_KEPT_KERNEL": kernel}
+        done = subprocess.run([sys.executable, "-m", "kvroute.cli", *args], capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        return done
+
     records = {}
-    # after the kills; on a machine where no build ever happened (a fresh home); with the kernel off
-    for name, kernel, where in (("1", "1", home), ("fresh", "1", tmp_path / "fresh-home"), ("0", "0", home)):
+
+    def run(name: str, where: Path, kernel: str = "1") -> None:
         out = tmp_path / f"records-{name}.jsonl"
-        run = subprocess.run([sys.executable, "-m", "kvroute.cli", "run", "--model", str(model), "--tasks", str(tasks),
-                              "--press", "knorm", "--press", "snapkv", "--ratio", "0", "--ratio", "0.5", "--ratio",
-                              "0.9", "--max-new-tokens", "4", "--out", str(out)], capture_output=True, text=True,
-                             timeout=600, env={**os.environ, "KVROUTE_HOME": str(where), "KVROUTE_KEPT_KERNEL": kernel})
-        assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
-        assert len(_building_lines(run.stderr)) == (kernel == "1"), run.stderr
+        done = cli("run", "--model", str(model), "--tasks", str(tasks), "--press", "knorm", "--press", "snapkv",
+                   "--ratio", "0", "--ratio", "0.5", "--ratio", "0.9", "--max-new-tokens", "4", "--out", str(out),
+                   where=where, kernel=kernel)
+        assert _building_lines(done.stderr) == [], done.stderr  # a run never builds
         records[name] = _comparable(out)
+
+    run("unbuilt", home)  # after the kills: nothing usable built, and the run does not build
+    assert not _verified(home / "kernels")
+    run("0", home, kernel="0")
+    for where in (home, tmp_path / "fresh-home"):
+        assert len(_building_lines(cli("kernel", "build", where=where).stderr)) == 1
+    run("1", home)
+    run("fresh", tmp_path / "fresh-home")
     assert _verified(home / "kernels") and _verified(tmp_path / "fresh-home" / "kernels")
     assert len(records["1"]) == 12 and all(r["status"] == "ok" for r in records["1"])
-    # the kernel built after the kills is the kernel a clean machine builds: the same records, bit for bit
-    assert records["1"] == records["fresh"]
+    # the kernel built after the kills is the kernel a clean machine builds: the same records, bit for bit; an
+    # unbuilt kernel is the kernel switched off
+    assert records["1"] == records["fresh"] and records["unbuilt"] == records["0"]
     assert [r["answer"] for r in records["1"]] == [r["answer"] for r in records["0"]]
     differ = [(i, k) for i, (a, b) in enumerate(zip(records["1"], records["0"], strict=True))
               for k in a if not _close({k: a[k]}, {k: b.get(k)})]

@@ -5,8 +5,9 @@ Each case runs the masked attention function twice on the same inputs: once with
 explicit one-shot form (softmax over the masked scores), and also checks the kernel's raw output and log-sum-exp
 against a dense reference. Cells that keep nothing, cells that keep everything, contexts shorter and longer than the
 kernel's span (256 positions) and block (128 kept entries), several head sizes, GQA groups and query counts, and a
-context K/V with room to spare (row stride ≠ head size) are covered. The kernel needs AVX-512, a C++ compiler and ninja:
-without them these tests skip, except under CI=true, where the machine has them and a missing kernel is a failure.
+context K/V with room to spare (row stride ≠ head size) are covered. The kernel is opt-in (``kvroute kernel build``,
+which needs AVX-512, a C++ compiler and ninja): without a build these tests skip, except under CI=true, where
+.ci/run builds it and a missing kernel is a failure.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def kernel():
     mod = kept.kernel()
     if mod is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("the kept-entries attention kernel did not build on the CI machine (see the log's warning)")
-        pytest.skip("no AVX-512 or no C++ compiler here: the kept-entries kernel is not built")
+            pytest.fail("the kept-entries attention kernel is not built on the CI machine (.ci/run runs `make kernel`)")
+        pytest.skip("the kept-entries kernel is not built here (`kvroute kernel build`; it needs AVX-512, a C++ "
+                    "compiler and ninja)")
     return mod
 
 
@@ -215,9 +217,10 @@ def test_few_rows_steps_of_a_whole_block_at_every_head_size(kernel, D):
 
 
 @pytest.mark.parametrize("ninja", [False, True])
-def test_a_kernel_that_cannot_be_built_leaves_pytorchs_kernels_and_one_log_line(ninja, monkeypatch, caplog, tmp_path):
-    """Without ninja (the ``kernel`` extra) no build is tried: the masked attention takes PyTorch's kernels and one
-    log line names the extra that adds it. With ninja, a failed build falls back the same way, without that hint."""
+def test_a_kernel_that_cannot_be_built_says_why_in_one_line(ninja, monkeypatch, tmp_path):
+    """``kvroute kernel build``'s step: without ninja (the ``kernel`` extra) no build is tried and the reason names the
+    extra that adds it; with ninja, a failed build says what the compiler said, without that hint. PATH is left as
+    it was either way."""
     import torch.utils.cpp_extension as cpp
 
     from kvroute.engine import kept_build
@@ -235,13 +238,73 @@ def test_a_kernel_that_cannot_be_built_leaves_pytorchs_kernels_and_one_log_line(
         monkeypatch.setitem(sys.modules, "ninja", None)  # `import ninja` fails: the wheel is not installed
     monkeypatch.setattr(cpp, "is_ninja_available", lambda: ninja)
     monkeypatch.setattr(kept_build, "_builder_command", command)
-    monkeypatch.setattr(kept, "kernel", kept.kernel.__wrapped__)  # built anew, not the cached module
     path = os.environ.get("PATH")
-    with caplog.at_level(logging.INFO, logger=kept.log.name):
-        assert not kept.kept_available(torch.zeros(2, 3, 1, 64), rows=3)
+    with pytest.raises(kept_build.KernelUnavailable) as failed:
+        kept.build_kernel()
     assert os.environ.get("PATH") == path
     assert len(builds) == ninja, "a build was tried without ninja"
-    (line,) = [r.getMessage() for r in caplog.records if r.name == kept.log.name]
-    assert "\n" not in line and "PyTorch's kernels run" in line
-    assert ("pip install 'kvroute[kernel]'" in line) == (not ninja)
+    line = str(failed.value)
+    assert "\n" not in line and ("pip install 'kvroute[kernel]'" in line) == (not ninja)
     assert ("ninja" in line) == (not ninja) and ("no input files" in line) == ninja
+
+
+def test_a_run_never_builds_the_kernel_and_loads_it_once_built(monkeypatch, caplog, tmp_path):
+    """The kernel is opt-in: where it was never built, the masked attention takes PyTorch's kernels without starting
+    a build or writing anything, and says in one info line how to build it; after ``build_kernel`` (``kvroute kernel
+    build``) the next run loads that build without building again. A ``kernel()`` that built on demand (the old
+    default) fails the first half."""
+    from kvroute.engine import kept_build
+
+    built = kernel_module = object()
+    builds = []
+
+    def obtain(spec, folder, *, timeout, can_build, announce, build=True):
+        if (folder / f"{spec.name}.so").exists():
+            return kernel_module
+        if not build:
+            raise kept_build.NotBuilt(f"not built in {folder}")
+        builds.append(spec.name)
+        folder.mkdir(parents=True)
+        (folder / f"{spec.name}.so").write_bytes(b"")
+        return built
+
+    monkeypatch.setenv("KVROUTE_HOME", str(tmp_path))
+    monkeypatch.setattr(kept, "ENABLED", True)
+    monkeypatch.setattr(kept, "_avx512", lambda: True)
+    monkeypatch.setattr(kept, "_can_build", lambda have_ninja: None)
+    monkeypatch.setattr(kept, "obtain", obtain)
+    kept.kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger=kept.log.name):
+            assert not kept.kept_available(torch.zeros(2, 3, 1, 64), rows=3)
+        assert builds == [] and list(tmp_path.iterdir()) == []
+        (line,) = [r.getMessage() for r in caplog.records if r.name == kept.log.name]
+        assert "`kvroute kernel build` builds it" in line and "PyTorch's kernels run" in line
+        assert kept.build_kernel() is built and len(builds) == 1
+        assert kept.kernel() is kernel_module and len(builds) == 1  # the cache was cleared: loaded, not rebuilt
+    finally:
+        kept.kernel.cache_clear()
+
+
+def test_kernel_status_says_whether_it_is_built_and_how_to_build_it(monkeypatch, tmp_path):
+    """``kvroute kernel status`` on a home where it was never built: "not built" and the command that builds it (or
+    why it cannot run here); ``--json`` gives the same state as fields."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvroute.cli import app
+
+    monkeypatch.setenv("KVROUTE_HOME", str(tmp_path))
+    kept.kernel.cache_clear()
+    try:
+        runner = CliRunner()
+        text = runner.invoke(app, ["kernel", "status"])
+        state = json.loads(runner.invoke(app, ["kernel", "status", "--json"]).output)
+    finally:
+        kept.kernel.cache_clear()
+    assert text.exit_code == 0 and state["built"] is False and state["folder"] == str(tmp_path / "kernels")
+    if state["avx512"] and not state["switched_off"]:
+        assert "not built; `kvroute kernel build` builds it" in text.output
+    else:
+        assert "not built" not in text.output

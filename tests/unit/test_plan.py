@@ -72,13 +72,13 @@ def test_no_cells_plan_a_batch_of_one():
 
 
 def test_the_shape_counts_the_kept_index_where_the_kernel_runs():
-    """MemoryShape.of marks a float32 CPU model with a head size the kept-entries kernel has when the CPU can run it,
-    and never a tiny head size or a bfloat16 model."""
+    """MemoryShape.of marks a float32 CPU model with a head size the kept-entries kernel has when the CPU can run it
+    and it is built, and never a tiny head size or a bfloat16 model."""
     import torch
 
-    from kvroute.engine.attention.kept import kept_applies
+    from kvroute.engine.attention.kept import kept_ready
 
     assert not MemoryShape.of(tiny_model("llama").model).kept_index  # head_dim 16
     big = tiny_model("llama", hidden=256, heads=4, kv_heads=2).model  # head_dim 64
-    assert MemoryShape.of(big).kept_index == kept_applies(torch.device("cpu"), torch.float32, 64)
+    assert MemoryShape.of(big).kept_index == kept_ready(torch.device("cpu"), torch.float32, 64)
     assert not MemoryShape.of(big.to(torch.bfloat16)).kept_index

@@ -6,6 +6,6 @@ Only this package prints (through :mod:`kvroute.console`). Importing it register
 from kvroute.cli.core import app, main
 
 # the commands, in the order `kvroute --help` lists them
-from kvroute.cli import run, sweep, report, restore_map, models, presses, tasks  # noqa: E402, F401  isort: skip
+from kvroute.cli import run, sweep, report, restore_map, models, presses, tasks, kernel  # noqa: E402, F401  isort: skip
 
 __all__ = ["app", "main"]

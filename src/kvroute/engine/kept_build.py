@@ -96,11 +96,16 @@ def _stage(name: str) -> None:
     nothing. The fault tests pause a build here to kill it at that point."""
 
 
+class NotBuilt(KernelUnavailable):
+    """No verified build of the kernel is in the folder, and the caller may not build one."""
+
+
 def obtain(spec: KernelSpec, folder: Path, *, timeout: float, can_build: Callable[[], None],
-           announce: Callable[[], None]) -> ModuleType:
-    """The kernel module: a verified build in ``folder`` loaded, or built first. ``can_build`` raises
+           announce: Callable[[], None], build: bool = True) -> ModuleType:
+    """The kernel module: a verified build in ``folder`` loaded, or (``build``) built first. ``can_build`` raises
     :class:`KernelUnavailable` where no build can run here (checked only when one is needed); ``announce`` is called
-    when a build starts. :class:`KernelUnavailable` where it is not loaded within ``timeout`` seconds."""
+    when a build starts. :class:`KernelUnavailable` where it is not loaded within ``timeout`` seconds;
+    :class:`NotBuilt` without ``build`` where no verified build is there (nothing is written then)."""
     deadline = time.monotonic() + timeout
     library = folder / f"{spec.name}.so"
     if folder.is_dir():
@@ -108,6 +113,8 @@ def obtain(spec: KernelSpec, folder: Path, *, timeout: float, can_build: Callabl
         module = _load_verified(spec.name, library)
         if module is not None:
             return module
+    if not build:
+        raise NotBuilt(f"not built in {folder}")
     can_build()
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)

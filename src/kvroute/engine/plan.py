@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvroute.engine.attention.kept import kept_applies
+from kvroute.engine.attention.kept import kept_ready
 from kvroute.engine.attention.streaming import MIN_CHUNK, ONE_SHOT_COPIES, one_shot_bytes
 from kvroute.errors import InsufficientMemoryError
 
@@ -54,7 +54,7 @@ class MemoryShape:
         return cls(config.num_hidden_layers, config.num_attention_heads,
                    getattr(config, "num_key_value_heads", None) or config.num_attention_heads, head_dim,
                    config.hidden_size, getattr(config, "intermediate_size", 4 * config.hidden_size),
-                   config.vocab_size, param.element_size(), kept_applies(param.device, param.dtype, head_dim))
+                   config.vocab_size, param.element_size(), kept_ready(param.device, param.dtype, head_dim))
 
     def context_bytes(self, T: int) -> int:
         """The prefill's K/V of ``T`` context tokens, shared by every cell of the instance."""

@@ -13,14 +13,18 @@ decode step, one partial output per 512-position chunk of the context, at most 6
 at 32k tokens, beside gigabytes of context K/V), so it also replaces the gathered and chunked forms where it applies
 (:data:`KEPT_MAX_ROWS`).
 
-The kernel is C++ with AVX-512 intrinsics, float32 only, built once per machine at first use through
-``torch.utils.cpp_extension`` (a C++ compiler and ninja: the ``kernel`` extra, ``pip install 'kvroute[kernel]'``, which
-``make`` installs) into ``$KVROUTE_HOME/kernels``, in a child process under kvroute's lock with a timeout, and loaded
-only when its recorded checksum matches (:mod:`kvroute.engine.kept_build`). Where it cannot be built or run (no AVX-512,
-no compiler, no ninja, a build that did not finish in time, another dtype or device, a head size it was not instantiated
-for) the masked attention uses PyTorch's kernels as before, with the same results to float32 rounding
-(tests/unit/test_kept.py); ``KVROUTE_KEPT_KERNEL=0`` (or another ``decoding.attention_backend``) turns it off.
-``benchmarks/attention_kernels.py`` times it beside the other forms.
+The kernel is C++ with AVX-512 intrinsics, float32 only, and opt-in: it runs only where it was built ahead of use by
+``kvroute kernel build`` (``make kernel``; a C++ compiler and ninja: the ``kernel`` extra,
+``pip install 'kvroute[kernel]'``), never inside a run. On the main job's cells (a few hundred context tokens, every
+metric) it saved nothing against PyTorch's kernels (benchmarks/results/compare_runs_kernel_off.md), against 19–37% of
+a long-context grid's time (benchmarks/results/grid_speed_backends_*.md), so the default path does without it and a
+run never pays its build (about 30 s idle, minutes on a busy machine, 1.5 GB of memory). The build goes into
+``$KVROUTE_HOME/kernels`` in a child process under kvroute's lock with a timeout, and a build is loaded only when its
+recorded checksum matches (:mod:`kvroute.engine.kept_build`). Where it is not built or cannot run (no AVX-512, another
+dtype or device, a head size it was not instantiated for) the masked attention uses PyTorch's kernels, with the same
+results to float32 rounding (tests/unit/test_kept.py); ``KVROUTE_KEPT_KERNEL=0`` (or another
+``decoding.attention_backend``) keeps a built one off. ``benchmarks/attention_kernels.py`` times it beside the other
+forms.
 """
 
 from __future__ import annotations
@@ -40,11 +44,19 @@ import torch
 from kvroute.cpuinfo import cpu_field
 from kvroute.engine.attention.backend import AttentionCall, Availability, Backend, register
 from kvroute.engine.attention.context import kept_index, select_index
-from kvroute.engine.kept_build import KernelSpec, KernelUnavailable, build_timeout, kernels_folder, obtain
+from kvroute.engine.kept_build import (
+    KernelSpec,
+    KernelUnavailable,
+    NotBuilt,
+    build_timeout,
+    kernels_folder,
+    obtain,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Kept", "kept_available", "kept_context", "kept_index", "select_index"]  # (the index: context.py)
+__all__ = ["Kept", "build_kernel", "kept_available", "kept_context", "kept_index", "kept_ready",
+           "select_index"]  # (the index: context.py)
 
 SOURCE = Path(__file__).parent.parent / "csrc" / "kept_attention.cpp"
 #: head sizes the kernel is instantiated for
@@ -85,7 +97,7 @@ def _build_name(flags: str) -> str:
 def _can_build(have_ninja: bool) -> None:
     """Raises :class:`KernelUnavailable` where no build can run here (before the "building" line)."""
     if not have_ninja:
-        raise KernelUnavailable("ninja, the build tool, is not installed")
+        raise KernelUnavailable("ninja, the build tool, is not installed (pip install 'kvroute[kernel]' adds it)")
     compiler = os.environ.get("CXX") or "c++"  # the compiler PyTorch's build calls
     if shutil.which(compiler) is None:
         raise KernelUnavailable(f"no C++ compiler ({compiler}) was found")
@@ -97,55 +109,84 @@ def _announce() -> None:
     err_console.print(BUILDING, soft_wrap=True, markup=False, highlight=False)
 
 
+def _spec() -> KernelSpec:
+    return KernelSpec(_build_name(_cpu_flags()), (str(SOURCE),), CFLAGS, LDFLAGS)
+
+
+def build_kernel() -> Any:
+    """Build the kernel on this machine if no verified build is there yet, and load it (the explicit step,
+    ``kvroute kernel build``; about half a minute idle). Raises :class:`KernelUnavailable` with why, in one line,
+    where it cannot be built or loaded here. The build and the checks before each load:
+    :mod:`kvroute.engine.kept_build`."""
+    if not ENABLED:
+        raise KernelUnavailable("it is switched off (KVROUTE_KEPT_KERNEL=0)")
+    if not _avx512():
+        raise KernelUnavailable("this CPU has no AVX-512, the kernel's instructions")
+    from torch.utils.cpp_extension import is_ninja_available
+
+    path = os.environ.get("PATH", "")
+    try:
+        try:
+            import ninja  # the build tool, from the ``ninja`` wheel (the ``kernel`` extra): need not be on PATH
+
+            os.environ["PATH"] = str(ninja.BIN_DIR) + os.pathsep + path  # the build process inherits it
+        except ImportError:
+            pass
+        have_ninja = is_ninja_available()  # the wheel's or a system one on PATH
+        try:
+            module = obtain(_spec(), kernels_folder(), timeout=build_timeout(),
+                            can_build=lambda: _can_build(have_ninja), announce=_announce)
+        except KernelUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001 - any build or load failure, in one line
+            raise KernelUnavailable(f"{type(e).__name__}: {e}") from e
+    finally:
+        os.environ["PATH"] = path
+    kernel.cache_clear()  # the next forward loads the build
+    return module
+
+
 @functools.cache
 def kernel() -> Any | None:
-    """The compiled kernel module (built at the first call on a machine, about half a minute), or None where it is off
-    or cannot be built or loaded here (the reason is logged once, in one line). The build and the checks before each
-    load: :mod:`kvroute.engine.kept_build`."""
+    """The compiled kernel module where a verified build of it is on this machine (``kvroute kernel build`` makes
+    one), else None: it is never built here, inside a run. Why it is not loaded is logged once, in one line (at info
+    level where it was simply never built: PyTorch's kernels are the default)."""
     if not ENABLED:
         return None
-    flags = _cpu_flags()
     if not _avx512():
         log.info("kept-entries attention kernel: this CPU has no AVX-512; PyTorch's kernels run")
         return None
     try:
-        from torch.utils.cpp_extension import is_ninja_available
-    except ImportError as e:  # pragma: no cover - part of every PyTorch
-        log.warning("kept-entries attention kernel unavailable (%s); PyTorch's kernels run", e)
-        return None
-    path = os.environ.get("PATH", "")
-    try:
-        import ninja  # the build tool, from the ``ninja`` wheel (the ``kernel`` extra): its binary need not be on PATH
-
-        os.environ["PATH"] = str(ninja.BIN_DIR) + os.pathsep + path  # the build process inherits it
-    except ImportError:
-        pass
-    have_ninja = is_ninja_available()  # the wheel's or a system one on PATH
-    spec = KernelSpec(_build_name(flags), (str(SOURCE),), CFLAGS, LDFLAGS)
-    try:
-        return obtain(spec, kernels_folder(), timeout=build_timeout(), can_build=lambda: _can_build(have_ninja),
-                      announce=_announce)
-    except Exception as e:  # noqa: BLE001 - any build or load failure: the PyTorch kernels still give the results
+        return obtain(_spec(), kernels_folder(), timeout=build_timeout(), can_build=_no_build, announce=_no_build,
+                      build=False)
+    except NotBuilt:
+        log.info("kept-entries attention kernel not built on this machine (`kvroute kernel build` builds it); "
+                 "PyTorch's kernels run")
+    except Exception as e:  # noqa: BLE001 - any load failure: the PyTorch kernels still give the results
         why = str(e) if isinstance(e, KernelUnavailable) else f"{type(e).__name__}: {e}"
-        hint = "" if have_ninja else "; pip install 'kvroute[kernel]' adds ninja to build it"
-        log.warning("kept-entries attention kernel unavailable (%s); PyTorch's kernels run%s", " ".join(why.split()),
-                    hint)
-        return None
-    finally:
-        os.environ["PATH"] = path
+        log.warning("kept-entries attention kernel unavailable (%s); PyTorch's kernels run", " ".join(why.split()))
+    return None
+
+
+def _no_build() -> None:  # pragma: no cover - obtain(build=False) calls neither
+    raise AssertionError("a run never builds the kernel")
 
 
 def kept_applies(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether the kernel would run for a model on ``device`` in ``dtype`` with heads of ``head_dim`` (without building
-    it: the memory planner's question; a kernel that then fails to build only leaves memory unused)."""
+    """Whether the kernel can serve a model on ``device`` in ``dtype`` with heads of ``head_dim`` on this CPU, built or
+    not (what ``kvroute kernel build`` would make worth it)."""
     return ENABLED and device.type == "cpu" and dtype == torch.float32 and head_dim in HEAD_DIMS and _avx512()
+
+
+def kept_ready(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernel runs for such a model: it applies and is built (the memory planner's question)."""
+    return kept_applies(device, dtype, head_dim) and kernel() is not None
 
 
 def kept_available(query: torch.Tensor, rows: int) -> bool:
     """Whether :func:`kept_context` runs for ``query`` (``[..., D]``) with ``rows`` query rows per (KV head, cell): on
     a CPU, float32, a head size in :data:`HEAD_DIMS`, at most :data:`KEPT_MAX_ROWS` rows, and the kernel built."""
-    return (rows <= KEPT_MAX_ROWS and kept_applies(query.device, query.dtype, query.shape[-1])
-            and kernel() is not None)
+    return rows <= KEPT_MAX_ROWS and kept_ready(query.device, query.dtype, query.shape[-1])
 
 
 def kept_context(qg: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, offsets: torch.Tensor,
@@ -182,7 +223,8 @@ class Kept(Backend):
         if not _avx512():
             return Availability(False, "this CPU has no AVX-512")
         if kernel() is None:
-            return Availability(False, "the kernel could not be built or loaded here (see the log's warning)")
+            return Availability(False, "not built on this machine (`kvroute kernel build` builds it) or not loadable "
+                                       "(see the log)")
         return Availability(True)
 
     def serves(self, call: AttentionCall) -> bool:
