@@ -35,11 +35,13 @@ presses = ["snapkv", "expected_attention", "knorm", "tova"]
 ratios = [0.1 + 0.8 * i / 15 for i in range(16)]
 cells = [Cell(p, round(r, 4)) for p in presses for r in ratios][:n_cells]
 eng = Engine(lm, DecodeSettings(max_new_tokens=16, batch_size=batch, capture=False))
-eng.run(prompt, cells[:2])
+eng.run(prompt, cells[:2]).raise_for_errors()
 base = baseline()
 times = []
 for _ in range(repeats):
-    t0 = time.perf_counter(); res = eng.run(prompt, cells, decode_full=False); times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    res = eng.run(prompt, cells, decode_full=False).raise_for_errors()
+    times.append(time.perf_counter() - t0)
 L, Hkv, T, D = len(res.prefill.keys), res.prefill.keys[0].shape[1], res.prefill.num_tokens, res.prefill.keys[0].shape[3]
 ctx_mb = 2 * L * Hkv * T * D * 4 / 2**20
 print(json.dumps({"times": times, "peak_mb": status("VmHWM") - base, "T": T, "ctx_mb": ctx_mb,

@@ -40,13 +40,13 @@ def main() -> int:
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     engines = {d: Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False, draft=d))
                for d in (False, True)}
-    engines[True].run(prompts[0], cells[:2])  # warm-up
+    engines[True].run(prompts[0], cells[:2]).raise_for_errors()  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     outs: dict[bool, list] = {}
     for _ in range(args.repeats):
         for d in (False, True):
             t0 = time.perf_counter()
-            outs[d] = [engines[d].run(p, cells) for p in prompts]  # the full cache decoded both ways
+            outs[d] = [engines[d].run(p, cells).raise_for_errors() for p in prompts]  # the full cache decoded both ways
             times[d].append(time.perf_counter() - t0)
     same = all(a.tokens == b.tokens for ra, rb in zip(outs[False], outs[True], strict=True)
                for a, b in zip(ra.outputs, rb.outputs, strict=True))

@@ -95,12 +95,13 @@ def equivalence(rep: Report, lm, tokens: int = 512, label: str = "SmolLM2 shape,
 
     p = prompts_of(lm, tokens)[0]
     cells = [Cell(x, r) for x in PRESSES for r in RATIOS]
-    base = Engine(lm, DecodeSettings(max_new_tokens=16, capture=False)).run(p, cells)
+    base = Engine(lm, DecodeSettings(max_new_tokens=16, capture=False)).run(p, cells).raise_for_errors()
     pipe = kvpress_pipeline(lm)
     agree = sum(kvpress_answer(lm, p.kvpress_context, p.kvpress_question, c.press, c.ratio, max_new_tokens=16,
                                pipeline=pipe) == o.text for c, o in zip(cells, base.outputs, strict=True))
     chunked = Engine(lm, DecodeSettings(max_new_tokens=16, capture=False, attention_memory=1)).run(p, cells)
-    drafted = Engine(lm, DecodeSettings(max_new_tokens=16, capture=False, draft=True)).run(p, cells)
+    chunked.raise_for_errors()
+    drafted = Engine(lm, DecodeSettings(max_new_tokens=16, capture=False, draft=True)).run(p, cells).raise_for_errors()
     same_chunked = sum(a.tokens == b.tokens for a, b in zip(base.outputs, chunked.outputs, strict=True))
     same_draft = sum(a.tokens == b.tokens for a, b in zip(base.outputs, drafted.outputs, strict=True))
     rep.data.setdefault("equivalence", []).append(dict(model=label, tokens=p.n_context, cells=len(cells),
@@ -195,13 +196,13 @@ def speed(rep: Report, lm, T: int, label: str, repeats: int = 2) -> None:  # noq
     cells = [Cell(x, r) for x in PRESSES for r in RATIOS]
     engine = Engine(lm, DecodeSettings(max_new_tokens=24, capture=False))
     pipe = kvpress_pipeline(lm)
-    engine.run(p, cells[:2], decode_full=False)  # warm-up both
+    engine.run(p, cells[:2], decode_full=False).raise_for_errors()  # warm-up both
     kvpress_answer(lm, p.kvpress_context, p.kvpress_question, "snapkv", 0.5, max_new_tokens=4, pipeline=pipe)
     ta, tb, ours, ref = [], [], None, None
     for _ in range(repeats):
         sync()
         t0 = time.perf_counter()
-        ours = engine.run(p, cells, decode_full=False).outputs
+        ours = engine.run(p, cells, decode_full=False).raise_for_errors().outputs
         sync()
         ta.append(time.perf_counter() - t0)
         t0 = time.perf_counter()

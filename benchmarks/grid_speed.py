@@ -80,7 +80,7 @@ def grid_setup(args: argparse.Namespace, *, reference: bool = True):  # noqa: AN
     engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False,
                                        attention_backend="auto" if backend == "each" else backend))
     # warm-up both paths once
-    engine.run(prompts[0], [Cell("snapkv", 0.5)], decode_full=False)
+    engine.run(prompts[0], [Cell("snapkv", 0.5)], decode_full=False).raise_for_errors()
     if not reference:
         return lm, tasks, prompts, engine, None
     pipe = kvpress_pipeline(lm)
@@ -113,13 +113,13 @@ def each_backend(args: argparse.Namespace) -> int:
     forwards: dict[str, dict[str, int]] = {}
     work: list = []
     for n in names:  # warm-up: builds, first calls
-        engines[n].run(prompts[0], cells[:2], decode_full=False)
+        engines[n].run(prompts[0], cells[:2], decode_full=False).raise_for_errors()
     print(f"peak {peak / 1e9:.1f} GFLOP/s; backends {', '.join(names)}", flush=True)
     for rep in range(args.repeats):
         for n in names:  # interleaved, so that a slower minute of the machine falls on every backend alike
             before = ran()
             t0 = time.perf_counter()
-            outs = [engines[n].run(p, cells, decode_full=False).outputs for p in prompts]
+            outs = [engines[n].run(p, cells, decode_full=False).raise_for_errors().outputs for p in prompts]
             times[n].append(time.perf_counter() - t0)
             print(f"{n}: {times[n][-1]:.2f} s", flush=True)
             if rep == 0:
@@ -174,7 +174,7 @@ def main() -> int:
         ta, tb = [], []
         for rep in range(args.repeats):
             t0 = time.perf_counter()
-            ours = [engine.run(p, cells, decode_full=False).outputs for p in prompts]
+            ours = [engine.run(p, cells, decode_full=False).raise_for_errors().outputs for p in prompts]
             ta.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             ref = [[kvpress_answer(lm, p.kvpress_context, p.kvpress_question, c.press, c.ratio,

@@ -86,7 +86,7 @@ def main() -> int:
     prompt = build_prompt(lm.tokenizer, task)
     engine = Engine(lm, DecodeSettings(max_new_tokens=args.max_new_tokens, capture=False))
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
-    res = engine.run(prompt, cells, decode_full=False)
+    res = engine.run(prompt, cells, decode_full=False).raise_for_errors()
     q_ids = list(prompt.question_ids)
     # default throughout, oneDNN throughout, and kvroute's rule (oneDNN up to LARGE_ROWS rows, above by CPU vendor)
     arms = {"default": (False, False), "oneDNN": (True, True), "rule": (True, linear_mod.linear_rule()[1])}

@@ -44,13 +44,13 @@ def main() -> int:
     full = Engine(lm, settings.decode_settings())
     cells = [Cell(p, r) for p in PRESSES for r in RATIOS]
     prompts = [build_prompt(lm.tokenizer, t) for t in tasks]
-    bare.run(prompts[0], cells[:2])
+    bare.run(prompts[0], cells[:2]).raise_for_errors()
     run_instance(full, tasks[0], cells[:2], settings=settings)
     ta, tb, tc = [], [], []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         for p in prompts:
-            bare.run(p, cells)
+            bare.run(p, cells).raise_for_errors()
         ta.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         for t in tasks:

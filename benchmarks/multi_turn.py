@@ -77,13 +77,14 @@ def turn_times(model: str, n: int, seed: int) -> list[dict]:
     rows = []
     for conv in conversations(generate_tasks(spec, lm.tokenizer)):
         first = engine.run(conversation_prompt(lm.tokenizer, conv[:1], [], answer_prefix="Answer:"), cells)
+        first.raise_for_errors()
         for k in range(1, len(conv)):
             gold = [t.answers[0] for t in conv[:k]]
             p = conversation_prompt(lm.tokenizer, conv[:k + 1], gold, answer_prefix="Answer:")
             t0 = time.perf_counter()
-            shared = engine.run(p, cells, prefilled=first.prefill)
+            shared = engine.run(p, cells, prefilled=first.prefill).raise_for_errors()
             t1 = time.perf_counter()
-            fresh = engine.run(p, cells)
+            fresh = engine.run(p, cells).raise_for_errors()
             t2 = time.perf_counter()
             same = all(a is not None and b is not None and a.tokens == b.tokens
                        for a, b in zip(shared.outputs, fresh.outputs, strict=True))

@@ -92,7 +92,7 @@ def main() -> int:
         select = 0.0
         with ForwardTimer(base) as ft:
             t0 = time.perf_counter()
-            res = [engine.run(p, cells, decode_full=False) for p in prompts]
+            res = [engine.run(p, cells, decode_full=False).raise_for_errors() for p in prompts]
             walls.append(time.perf_counter() - t0)
         select = sum(r.seconds["select"] for r in res)
         scoring.append(sum(r.seconds["scoring"] for r in res))
@@ -125,7 +125,7 @@ def main() -> int:
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for p in prompts:
-            engine.run(p, cells, decode_full=False)
+            engine.run(p, cells, decode_full=False).raise_for_errors()
     ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total_self = sum(e.self_cpu_time_total for e in ops) or 1.0
 

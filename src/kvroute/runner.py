@@ -174,7 +174,7 @@ def _run_prompt(engine: Engine, instance: TaskInstance, prompt: Prompt, cells: S
                         answer=[p for p in prompt.answer_positions if p < prompt.n_context],
                         distractors=prompt.distractor_span_positions,
                         lens_ids=list(cands.ids) if cands else None,
-                        lens_seqs=[list(s) for s in cands.seqs] if cands else None, cell_errors=True,
+                        lens_seqs=[list(s) for s in cands.seqs] if cands else None,
                         question_window=prompt.question_window, prefilled=prefilled)
     return records_from_result(instance, prompt, result, regime=regime, seed=seed, settings=settings,
                                model_name=model_name, group_size=lm.info.group_size, model_params=lm.info.num_params,

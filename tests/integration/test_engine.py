@@ -158,21 +158,23 @@ def test_kept_counts_follow_kvpress_ratio_semantics(setup):
 
 
 def test_bad_input_is_refused_clearly(setup):
+    """A cell's bad name, ratio or precondition is that cell's error, raised with its own type and message by
+    ``raise_for_errors``; a prompt the model cannot take raises from ``run`` itself."""
     lm, prompt = setup
-    eng = Engine(lm)
+    eng = Engine(lm, DecodeSettings(max_new_tokens=2))
     with pytest.raises(UnknownNameError, match="did you mean 'snapkv'"):
-        eng.run(prompt, [Cell("snapvk", 0.5)])
+        eng.run(prompt, [Cell("snapvk", 0.5)]).raise_for_errors()
     with pytest.raises(UnknownNameError, match="did you mean 'adakv'"):
-        eng.run(prompt, [Cell("knorm+adakw", 0.5)])
+        eng.run(prompt, [Cell("knorm+adakw", 0.5)]).raise_for_errors()
     for bad in (1.0, -0.1, 1.5):
         with pytest.raises(ConfigError, match=r"\[0, 1\)"):
-            eng.run(prompt, [Cell("knorm", bad)])
+            eng.run(prompt, [Cell("knorm", bad)]).raise_for_errors()
     T = len(prompt.context_ids)
     with pytest.raises(EngineError, match="keeps 0 of"):
-        eng.run(prompt, [Cell("knorm", 1 - 0.5 / T)])
+        eng.run(prompt, [Cell("knorm", 1 - 0.5 / T)]).raise_for_errors()
     short = Prompt(prompt.context_ids[:40], prompt.question_ids)
     with pytest.raises(EngineError, match="window_size"):
-        eng.run(short, [Cell("snapkv", 0.5)])  # default window of 64 > this short context
+        eng.run(short, [Cell("snapkv", 0.5)]).raise_for_errors()  # default window of 64 > this short context
     long = Prompt(prompt.context_ids * 200, prompt.question_ids)
     with pytest.raises(PromptTooLongError, match="context window of 4096"):
         eng.run(long, [Cell("knorm", 0.5)])
@@ -456,6 +458,29 @@ def test_an_instance_too_big_for_the_memory_is_refused_before_its_prefill(setup,
     assert calls == []  # refused before any forward
 
 
+def test_run_returns_each_cells_error_and_computes_the_others(setup):
+    """Without any flag, a cell that fails at each stage (its name, its scorer's precondition, its mask) is left out
+    with its reason while the good cells are computed exactly as alone; ``raise_for_errors`` raises the first
+    failed cell's own exception, with a note naming it. Raising at the first failure (the old default) fails this."""
+    lm, prompt = setup
+    T = len(prompt.context_ids)
+    eng = Engine(lm, DecodeSettings(max_new_tokens=4))
+    cells = [Cell("knorm", 0.5), Cell("snapvk", 0.5), Cell("knorm", 1 - 0.5 / T), Cell("snapkv[window_size=4]", 0.5),
+             Cell(f"snapkv[window_size={T + 8}]", 0.5)]
+    res = eng.run(prompt, cells, seed=0)
+    alone = eng.run(prompt, [cells[0], cells[3]], seed=0)
+    assert sorted(res.errors) == [1, 2, 4] and sorted(res.failures) == [1, 2, 4]
+    assert "did you mean 'snapkv'" in res.errors[1] and "keeps 0 of" in res.errors[2]
+    assert "window_size" in res.errors[4]
+    assert res.masks[1] is None and res.outputs[1] is None and res.outputs[2] is None
+    assert res.outputs[0].tokens == alone.outputs[0].tokens and res.outputs[3].tokens == alone.outputs[1].tokens
+    assert torch.equal(res.masks[3].mask, alone.masks[1].mask)
+    assert alone.raise_for_errors() is alone
+    with pytest.raises(UnknownNameError, match="did you mean 'snapkv'") as raised:
+        res.raise_for_errors()
+    assert "(cell 1, snapvk@0.5; 3 of 5 cells failed)" in raised.value.__notes__
+
+
 def test_restored_cells_decode_their_restored_masks_and_bad_conditions_are_cell_errors(setup):
     """A restore condition puts its entries back into the press's mask (decoded like any cell); a condition the
     model or the instance cannot take is that cell's error, not the run's; restoring into the full cache changes
@@ -467,7 +492,7 @@ def test_restored_cells_decode_their_restored_masks_and_bad_conditions_are_cell_
              Cell("knorm", 0.9, "answer@heads:7"), Cell("knorm", 0.0, "answer"),
              Cell("knorm", 0.9, "answer@layers:late")]
     eng = Engine(lm, DecodeSettings(max_new_tokens=6))
-    res = eng.run(prompt, cells, answer=answer, cell_errors=True)
+    res = eng.run(prompt, cells, answer=answer)
     base, restored = res.masks[0].mask, res.masks[1].mask
     assert not base[:, :, answer].all() and restored[:, :, answer].all()
     assert torch.equal(restored, base | _answer_rows(L, base.shape[1], T, answer, range(L)))
@@ -479,7 +504,7 @@ def test_restored_cells_decode_their_restored_masks_and_bad_conditions_are_cell_
     alone = Engine(lm, DecodeSettings(max_new_tokens=6)).run(prompt, [Cell("knorm", 0.9, "answer")], answer=answer)
     assert alone.outputs[0].tokens == res.outputs[1].tokens
     with pytest.raises(EngineError, match="no answer tokens"):
-        eng.run(prompt, [Cell("knorm", 0.5, "answer")])  # without answer positions, outside cell_errors: raises
+        eng.run(prompt, [Cell("knorm", 0.5, "answer")]).raise_for_errors()  # no answer positions: the cell's error
 
 
 def test_retrieval_head_restore_puts_the_answer_back_in_those_heads_only(setup):
@@ -497,7 +522,7 @@ def test_retrieval_head_restore_puts_the_answer_back_in_those_heads_only(setup):
     for layer, h in kv_pairs(heads, info.num_heads, info.num_kv_heads):
         expected[layer, h, answer] = True
     assert torch.equal(res.masks[1].mask, expected) and not torch.equal(expected, res.masks[0].mask)
-    bare = Engine(lm, DecodeSettings(max_new_tokens=4)).run(prompt, cells, answer=answer, cell_errors=True)
+    bare = Engine(lm, DecodeSettings(max_new_tokens=4)).run(prompt, cells, answer=answer)
     assert set(bare.errors) == {1} and "no retrieval heads are known" in bare.errors[1]
     assert bare.outputs[0].tokens == res.outputs[0].tokens
 

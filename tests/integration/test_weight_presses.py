@@ -182,7 +182,7 @@ def test_weights_for_another_model_are_refused_naming_both_shapes(scorer, other,
     lm = _lm("llama", **other)
     spec = f"{scorer}[{WEIGHT_SCORERS[scorer]}={folder}]"
     with pytest.raises(ConfigError) as err:
-        Engine(lm).run(_prompt(lm), [Cell(spec, 0.5)])
+        Engine(lm).run(_prompt(lm), [Cell(spec, 0.5)]).raise_for_errors()
     msg = _one_line(err)
     have, need = msg.split("have shape ")[1].split(", this model needs ")
     assert have != need and "layers=3" in have and "[" in need, msg

@@ -218,7 +218,7 @@ def test_a_prefill_of_another_context_is_refused(lm, conv):
     with pytest.raises(EngineError, match="another context"):
         eng.run(other, [Cell("snapkv", 0.5)], prefilled=res.prefill)
     with pytest.raises(EngineError, match="no scores for knorm"):
-        eng.run(p0, [Cell("knorm", 0.5)], prefilled=res.prefill)
+        eng.run(p0, [Cell("knorm", 0.5)], prefilled=res.prefill).raise_for_errors()
 
 
 def test_history_setting_is_checked_with_a_suggestion():

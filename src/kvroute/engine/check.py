@@ -243,7 +243,7 @@ def compare_prompt(engine: Engine, prompt: ReferencePrompt, cells: Sequence[Cell
     pipe = pipeline or kvpress_pipeline(lm)
     t0 = time.perf_counter()
     # a press that refuses the model (kvzip on Gemma 3, as kvpress refuses it) fails its cells, not the comparison
-    res = engine.run(prompt, list(cells), seed=seed, question_window=prompt.question_window, cell_errors=True)
+    res = engine.run(prompt, list(cells), seed=seed, question_window=prompt.question_window)
     t_ours = time.perf_counter() - t0
     out, t_ref = [], 0.0
     for i, (cell, ours) in enumerate(zip(cells, res.outputs, strict=True)):

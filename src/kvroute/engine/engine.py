@@ -41,7 +41,25 @@ class EngineResult:
     full_mask: KeepMask
     # prefill, select (the keep masks), decode; scoring: the part of prefill spent in the scorers
     seconds: dict[str, float] = field(default_factory=dict)
-    errors: dict[int, str] = field(default_factory=dict)  # cell index -> one-line reason (``cell_errors=True``)
+    #: cell index -> the exception that left it out (one of :data:`kvroute.errors.CELL_ERRORS`)
+    failures: dict[int, BaseException] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> dict[int, str]:
+        """Cell index -> the one-line reason it was left out (a record's ``error`` field)."""
+        return {i: error_reason(e) for i, e in sorted(self.failures.items())}
+
+    def raise_for_errors(self) -> EngineResult:
+        """This result where every cell was computed; else the first failed cell's own exception (its type and
+        message: an unknown press still names the closest ones), with a note naming the cell and how many failed."""
+        if not self.failures:
+            return self
+        i = min(self.failures)
+        e = self.failures[i]
+        c = self.cells[i]
+        at = f"{c.press}@{c.ratio:g}" + (f" restore={c.restore}" if c.restore else "")
+        e.add_note(f"(cell {i}, {at}; {len(self.failures)} of {len(self.cells)} cells failed)")
+        raise e
 
 
 class Engine:
@@ -93,7 +111,7 @@ class Engine:
                        new=self.settings.max_new_tokens, cells=cells, capture=self.settings.capture, tracks=tracks,
                        attention_map=attention_map, score_sets=max(score_sets, 1))
 
-    def _requests(self, cells: Sequence[Cell], skip: Mapping[int, str] | None = None,
+    def _requests(self, cells: Sequence[Cell], skip: Mapping[int, object] | None = None,
                   ) -> tuple[list[ScoreRequest], dict[int, ScoreKey], dict[int, dict[str, ScoreKey]]]:
         """The prefill's score requests (equal ones shared), each cell's key, and each cell's aux keys by name."""
         skip = skip or {}
@@ -114,14 +132,12 @@ class Engine:
                 aux_keys.setdefault(i, {})[name] = akey
         return list(reqs.values()), cell_key, aux_keys
 
-    # complexity: per-cell error handling around one prefill and one decode (each branch one kind of cell failure)
-    def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,  # noqa: C901
+    def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
             answer: Sequence[int] | None = None, distractors: Sequence[Sequence[int]] = (),
             captures: Sequence[PrefillCapture] = (), decode_full: bool = True,
             lens_ids: Sequence[int] | None = None, lens_seqs: Sequence[Sequence[int]] | None = None,
-            cell_errors: bool = False, question_window: int = 0,
-            prefilled: PrefillResult | None = None) -> EngineResult:
+            question_window: int = 0, prefilled: PrefillResult | None = None) -> EngineResult:
         """Prefill ``prompt.context_ids`` once, then decode every cell (plus the full cache) in batches.
 
         ``decode_full=False`` skips the full-cache reference when no cell keeps everything (answers
@@ -137,10 +153,12 @@ class Engine:
         ``question_window``: the question's tokens at the end of the context (question-aware regime;
         ``Prompt.question_window``), read by scorers that score by the question (finch).
 
-        ``cell_errors=True``: a cell that fails with one of :data:`kvroute.errors.CELL_ERRORS` (its
-        press's precondition or scoring, its mask, its decode) is left out — ``result.errors[i]`` holds
-        the reason, ``masks[i]`` and ``outputs[i]`` are None — and every other cell is computed. Errors
-        of the prompt itself (too long, empty, the full-cache decode) still raise.
+        Per-cell errors are returned, not raised: a cell that fails with one of :data:`kvroute.errors.CELL_ERRORS`
+        (its name, ratio or restore condition, its press's precondition or scoring, its mask, its decode) is left
+        out — ``result.failures[i]`` holds the exception and ``result.errors[i]`` its one-line reason,
+        ``masks[i]`` and ``outputs[i]`` are None — and every other cell is computed;
+        ``result.raise_for_errors()`` raises the first instead. Errors of the prompt itself (too long, empty, the
+        full-cache decode) raise.
 
         ``prefilled``: the result of an earlier run on the same context (``EngineResult.prefill``), whose
         cache and scores serve these cells without a new prefill — a later turn of a conversation asks its
@@ -149,14 +167,12 @@ class Engine:
         cannot be given with it.
         """
         cells = list(cells)
-        errors: dict[int, str] = {}
-        if not cell_errors:
-            self.validate(cells)
-        for i, c in enumerate(cells if cell_errors else ()):
+        failures: dict[int, BaseException] = {}  # cell index -> why it is left out
+        for i, c in enumerate(cells):
             try:
                 self.validate([c])
             except CELL_ERRORS as e:
-                errors[i] = error_reason(e)
+                failures[i] = e
         ctx_ids, q_ids = list(prompt.context_ids), list(prompt.question_ids)
         T = len(ctx_ids)
         # the answer part: generated tokens, or a longer teacher-forced gold or lens sequence
@@ -164,21 +180,13 @@ class Engine:
                                                   max((len(x) for x in lens_seqs or ()), default=0)))
         if T == 0:
             raise EngineError("the compressible part of the prompt is empty")
-        requests, cell_key, aux_keys = self._requests(cells, errors)
-        failed: dict[ScoreKey, str] = {}  # score request key -> reason (cell_errors only)
+        requests, cell_key, aux_keys = self._requests(cells, failures)
+        failed: dict[ScoreKey, BaseException] = {}  # score request key -> why its cells are left out
         for r in requests:
             try:
-                r.scorer.check(T)
-                if r.scorer.needs_evidence and not evidence:
-                    raise EngineError(f"{r.scorer.name} needs evidence positions; this prompt has none")
-                if r.scorer.needs_question_window and not 0 < question_window < T:
-                    raise EngineError(f"{r.scorer.name} scores the context by the question's attention, so the "
-                                      "question must be inside the compressed prefix: use the question-aware regime "
-                                      "(--question-aware, or regimes = [\"aware\"] in a sweep config)")
+                self._check_request(r, T, evidence, question_window)
             except CELL_ERRORS as e:
-                if not cell_errors:
-                    raise
-                failed[r.key] = error_reason(e)
+                failed[r.key] = e
         requests = [r for r in requests if r.key not in failed]
         self.check_memory(T, len(q_ids) + len(gold_ids or []), len(cells) + 1, tracks=len(track or {}),
                           attention_map=any(r.scorer.needs_attentions for r in requests), score_sets=len(requests))
@@ -186,72 +194,83 @@ class Engine:
         t0 = time.perf_counter()
         if prefilled is None:
             pre = prefill(self.lm.model, ctx_ids, requests, evidence=ev if ev else None, seed=seed, captures=captures,
-                          errors=failed if cell_errors else None, question_window=question_window)
+                          errors=failed, question_window=question_window)
         else:
             pre = self._reuse(prefilled, ctx_ids, captures)
-            for r in requests:
-                if r.key not in pre.scores:  # its scoring failed on that prefill (a cell error there)
-                    if not cell_errors:
-                        raise EngineError(f"the earlier prefill holds no scores for {r.key.scorer}: prefill once with "
-                                          "every cell the later runs decode")
-                    failed[r.key] = f"EngineError: {r.key.scorer} has no scores on this context's prefill"
+            failed.update({r.key: EngineError(f"the earlier prefill holds no scores for {r.key.scorer}: prefill once "
+                                               "with every cell the later runs decode")
+                           for r in requests if r.key not in pre.scores})  # its scoring failed on that prefill
         t1 = time.perf_counter()
-        errors.update({i: failed[k] for i, k in cell_key.items() if k in failed})
-        errors.update({i: failed[k] for i, ks in aux_keys.items() for k in ks.values()
-                       if k in failed and i not in errors})
+        for i, keys in ((i, [k, *aux_keys.get(i, {}).values()]) for i, k in cell_key.items()):
+            if i not in failures and (why := next((failed[k] for k in keys if k in failed), None)) is not None:
+                failures[i] = why
         L, Hkv = len(pre.keys), pre.keys[0].shape[1]
         full = KeepMask.full(L, Hkv, T, device=pre.keys[0].device)
         consensus = self._consensus_once(full)
-        masks: list[KeepMask | None] = []
+        masks: list[KeepMask | None] = [None] * len(cells)
         for i, c in enumerate(cells):
-            if i in errors:
-                masks.append(None)
+            if i in failures:
                 continue
             try:
-                if i not in cell_key:  # keeps everything: shares the full-cache decode (a restore changes nothing)
-                    mask = KeepMask(full.mask, c.press if c.press != NO_PRESS else NO_PRESS, c.ratio)
-                else:
-                    aux = {name: pre.scores[k] for name, k in aux_keys.get(i, {}).items()}
-                    mask = self.press(c.press).keep_mask(pre.scores[cell_key[i]], c.ratio, aux,
-                                                         self.lm.info.compressed_layers)
-                if c.restore:
-                    cond = Restore.parse(c.restore)
-                    restored = cond.apply(mask, answer or [], ev, seed=seed,
-                                          consensus=consensus(pre, q_ids) if cond.target == "consensus" else None,
-                                          retrieval=self._retrieval_kv() if cond.needs_retrieval_heads else None,
-                                          distractors=distractors)
-                    mask = restored if i in cell_key else mask
-                masks.append(mask)
+                masks[i] = self._mask(c, i in cell_key and cell_key[i], pre, aux_keys.get(i, {}), full, q_ids,
+                                      answer=answer or [], ev=ev, seed=seed, consensus=consensus,
+                                      distractors=distractors)
             except CELL_ERRORS as e:
-                if not cell_errors:
-                    raise
-                errors[i] = error_reason(e)
-                masks.append(None)
+                failures[i] = e
         t2 = time.perf_counter()
         # cells whose mask keeps everything (ratio 0, "none") share the full-cache decode
-        todo = [i for i in range(len(cells)) if i in cell_key and i not in errors]
-        with_full = decode_full or any(i not in cell_key and i not in errors for i in range(len(cells)))
+        todo = [i for i in range(len(cells)) if i in cell_key and i not in failures]
+        with_full = decode_full or any(i not in cell_key and i not in failures for i in range(len(cells)))
         lead = [full] if with_full else []
         kw: dict[str, Any] = dict(gold_ids=gold_ids, track=track, lens_ids=lens_ids, lens_seqs=lens_seqs)
         try:
             outs = self._decode_with_full(pre, q_ids, lead, [m for i in todo if (m := masks[i]) is not None], full,
                                           **kw)
         except CELL_ERRORS:
-            if not cell_errors:
-                raise
-            outs = self._decode_isolated(pre, q_ids, lead, masks, todo, errors, **kw)
-            todo = [i for i in todo if i not in errors]
+            outs = self._decode_isolated(pre, q_ids, lead, masks, todo, failures, **kw)
+            todo = [i for i in todo if i not in failures]
         full_out = outs[0] if with_full else None
         by_cell = dict(zip(todo, outs[len(lead):], strict=True))
         t3 = time.perf_counter()
-        outputs = [None if i in errors else by_cell[i] if i in by_cell else full_out for i in range(len(cells))]
+        outputs = [None if i in failures else by_cell[i] if i in by_cell else full_out for i in range(len(cells))]
         # cells outside `todo` keep everything, and then the full cache was decoded
-        if sum(o is not None for o in outputs) + len(errors) != len(cells):  # pragma: no cover - internal invariant
+        if sum(o is not None for o in outputs) + len(failures) != len(cells):  # pragma: no cover - internal invariant
             raise EngineError("internal error: a full-cache cell was not decoded")
         return EngineResult(pre, cells, masks, outputs, full_out, full,
                             {"prefill": t1 - t0 if prefilled is None else 0.0, "scoring": pre.score_seconds,
                              "select": t2 - t1, "decode": t3 - t2},
-                            errors=errors)
+                            failures=failures)
+
+    @staticmethod
+    def _check_request(r: ScoreRequest, T: int, evidence: Sequence[int] | None, question_window: int) -> None:
+        """Raise where a score request cannot run on this prompt (its cells are then left out)."""
+        r.scorer.check(T)
+        if r.scorer.needs_evidence and not evidence:
+            raise EngineError(f"{r.scorer.name} needs evidence positions; this prompt has none")
+        if r.scorer.needs_question_window and not 0 < question_window < T:
+            raise EngineError(f"{r.scorer.name} scores the context by the question's attention, so the question "
+                              "must be inside the compressed prefix: use the question-aware regime "
+                              "(--question-aware, or regimes = [\"aware\"] in a sweep config)")
+
+    def _mask(self, c: Cell, key: ScoreKey | bool, pre: PrefillResult, aux_keys: Mapping[str, ScoreKey],
+              full: KeepMask, q_ids: list[int], *, answer: Sequence[int], ev: Sequence[int], seed: int,
+              consensus: Callable[[PrefillResult, list[int]], list[int]],
+              distractors: Sequence[Sequence[int]]) -> KeepMask:
+        """Cell ``c``'s keep mask: its press's selection from the prefill's scores (``key``; False where the cell
+        keeps everything and shares the full-cache decode, which a restore does not change), then its restore."""
+        if not isinstance(key, ScoreKey):
+            mask = KeepMask(full.mask, c.press if c.press != NO_PRESS else NO_PRESS, c.ratio)
+        else:
+            aux = {name: pre.scores[k] for name, k in aux_keys.items()}
+            mask = self.press(c.press).keep_mask(pre.scores[key], c.ratio, aux, self.lm.info.compressed_layers)
+        if c.restore:
+            cond = Restore.parse(c.restore)
+            restored = cond.apply(mask, list(answer), list(ev), seed=seed,
+                                  consensus=consensus(pre, q_ids) if cond.target == "consensus" else None,
+                                  retrieval=self._retrieval_kv() if cond.needs_retrieval_heads else None,
+                                  distractors=distractors)
+            mask = restored if isinstance(key, ScoreKey) else mask
+        return mask
 
     @staticmethod
     def _reuse(pre: PrefillResult, ctx_ids: list[int], captures: Sequence[PrefillCapture]) -> PrefillResult:
@@ -305,7 +324,7 @@ class Engine:
         return (first if lead else []) + self._decode(pre, q_ids, masks, draft=first[0].tokens, **kw)
 
     def _decode_isolated(self, pre: PrefillResult, q_ids: list[int], lead: list[KeepMask],
-                         masks: Sequence[KeepMask | None], todo: Sequence[int], errors: dict[int, str],
+                         masks: Sequence[KeepMask | None], todo: Sequence[int], failures: dict[int, BaseException],
                          **kw: Any) -> list[CellOutput]:
         """After a batch failed: the full cache alone (its failure is the prompt's), then each cell alone."""
         outs = self._decode(pre, q_ids, lead, **kw) if lead else []
@@ -317,5 +336,5 @@ class Engine:
                     raise EngineError("internal error: a cell to decode has no mask")
                 outs.extend(self._decode(pre, q_ids, [m], draft=draft, **kw))
             except CELL_ERRORS as e:
-                errors[i] = error_reason(e)
+                failures[i] = e
         return outs

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from kvroute.engine.hooks import RowReuse, attention_hooks, base_model
-from kvroute.errors import CELL_ERRORS, EngineError, error_reason
+from kvroute.errors import CELL_ERRORS, EngineError
 from kvroute.models.queries import require_query_projection, rotate_queries, rotated_queries
 from kvroute.presses.fence import finite_scores
 from kvroute.presses.press import Press
@@ -147,7 +147,8 @@ def _queries(module: Any, proj: tuple[torch.Tensor, torch.Tensor] | None, pos: A
 @torch.inference_mode()
 def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, requests: Sequence[ScoreRequest] = (),
             *, evidence: Sequence[int] | None = None, seed: int = 0, question_window: int = 0,
-            captures: Sequence[PrefillCapture] = (), errors: dict[ScoreKey, str] | None = None) -> PrefillResult:
+            captures: Sequence[PrefillCapture] = (), errors: dict[ScoreKey, BaseException] | None = None,
+            ) -> PrefillResult:
     """Run the context through ``model`` once with full attention; return its cache and all scores.
 
     Scorers with ``scores_after_prefill`` (KVzip's context replay) score after that forward, from
@@ -155,7 +156,7 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     question tokens at the end of the context (question-aware regime), for scorers that read it.
 
     ``errors``: when given, a request whose scorer fails with one of :data:`kvroute.errors.CELL_ERRORS`
-    is dropped (its reason stored under its key, its key absent from ``scores``) and the prefill goes
+    is dropped (its exception stored under its key, its key absent from ``scores``) and the prefill goes
     on for the others; without it the error propagates.
     """
     device = next(model.parameters()).device
@@ -201,7 +202,7 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
             except CELL_ERRORS as e:
                 if errors is None:
                     raise
-                errors[r.key] = error_reason(e)
+                errors[r.key] = e
 
     def keep_projection(module: Any, args: Any, output: torch.Tensor) -> None:
         projected[:] = [(args[0], output)]
@@ -223,7 +224,7 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
         except CELL_ERRORS as e:
             if errors is None:
                 raise
-            errors[r.key] = error_reason(e)
+            errors[r.key] = e
             scores.pop(r.key, None)
     if len(layered) < len(requests):
         scoring[0] += time.perf_counter() - t
