@@ -303,12 +303,43 @@ def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_
     return out
 
 
-# complexity: one batch's question forward and greedy steps share the batch's state (rows, cache, masks); the
-# captures are the observers' (kvroute.engine.observers). Checked by the engine's equivalence tests.
-def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],  # noqa: C901
+@dataclass
+class _Batch:
+    """One batch's shared state: the model, its cells' suffix cache and masked context, the capture observers
+    (:mod:`kvroute.engine.observers`, built from what the metrics need) and the cells' outputs; ``T``/``Q``: the
+    context and question lengths, ``budget``: the attention memory that sizes each forward's context chunk."""
+
+    model: nn.Module
+    cache: SuffixCache
+    ctx: MaskedContext
+    obs: Observers
+    results: list[CellOutput]
+    settings: DecodeSettings
+    T: int
+    Q: int
+    H: int
+    budget: int
+
+    @property
+    def B(self) -> int:
+        return len(self.results)
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.keep.device
+
+    def chunk(self, cells: int, queries: int, keys: int) -> int | None:
+        """The context chunk of one forward (None: the whole context at once)."""
+        return context_chunk(cells, self.H, queries, keys, self.budget)
+
+
+def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question: list[int],
                   masks: Sequence[KeepMask], gold: list[int], track: Mapping[str, Sequence[int]],
                   settings: DecodeSettings, lens_ids: list[int] | None = None,
                   lens_seqs: list[list[int]] | None = None, draft: list[int] | None = None) -> list[CellOutput]:
+    """One batch of cells: the question forward (:func:`_question_forward`), the draft checked in one forward
+    (:func:`_draft_forward`), then one forward per generated token (:func:`_greedy_steps`); the captures are
+    the observers'."""
     device = pre.keys[0].device
     B, T, Q, G = len(masks), pre.num_tokens, len(question), len(gold)
     L = len(pre.keys)
@@ -317,93 +348,112 @@ def _decode_batch(model: nn.Module, tokenizer: Any, pre: PrefillResult, question
         if m.shape != (L, Hkv, T):
             raise EngineError(f"KeepMask shape {m.shape} does not match the prefill ({L}, {Hkv}, {T})")
     keep = torch.stack([m.mask.to(device) for m in masks])  # [B, L, Hkv, T]
-    lens_seqs = lens_seqs or []
     stop = stop_ids(model, tokenizer)
     feed = [] if settings.keep_generated_rows else draft_feed(draft or [], stop, settings.max_new_tokens)
     cache = SuffixCache(L, B, Hkv, D, Q + max(G, len(feed) + settings.max_new_tokens) + 1, T, pre.keys[0].dtype,
                         device)
-
-    results = [CellOutput(tokens=[], text="") for _ in range(B)]
     config: Any = model.config
     H: int = getattr(config, "text_config", config).num_attention_heads
     obs = Observers(B, L, H, T, Q, positions(track, device), device, new=settings.max_new_tokens,
                     capture=settings.capture, argmax=settings.argmax, keep_rows=settings.keep_generated_rows)
-    rows = obs.rows  # active batch row -> cell index
     budget = settings.attention_memory  # decode_cells sets it (the default: a share of the free memory)
     assert budget is not None
-
-    def chunk(cells: int, queries: int, keys: int) -> int | None:  # the context chunk of one forward (None: at once)
-        return context_chunk(cells, H, queries, keys, budget)
-
-    ctx = MaskedContext(pre.keys, pre.values, keep, context_chunk=chunk(B, Q + G, T + Q + G), budget=budget,
-                        gather_from=GATHER_MIN_QUERIES if settings.gather else None,
+    ctx = MaskedContext(pre.keys, pre.values, keep, context_chunk=context_chunk(B, H, Q + G, T + Q + G, budget),
+                        budget=budget, gather_from=GATHER_MIN_QUERIES if settings.gather else None,
                         backend=resolve_backend(settings.attention_backend))
+    batch = _Batch(model, cache, ctx, obs, [CellOutput(tokens=[], text="") for _ in range(B)], settings, T, Q, H,
+                   budget)
     obs.question(ctx)
     with masked_attention(model, ctx), onednn_linear(model):  # (the linear layers: kvroute.engine.linear)
-        # 1) question (+ teacher-forced gold answer) for all cells
-        ids = torch.tensor([question + gold], device=device).expand(B, -1)
-        pos = torch.arange(T, T + Q + G, device=device)
-        res = model(input_ids=ids, past_key_values=cache, position_ids=pos.unsqueeze(0).expand(B, -1),
-                    cache_position=pos, use_cache=True, logits_to_keep=G + 1,
-                    output_hidden_states=settings.capture or bool(lens_ids) or bool(lens_seqs))
-        logits = res.logits  # [B, G + 1, V]: positions Q-1 … Q+G-1
-        if G:
-            logp = torch.log_softmax(logits[:, :G].float(), dim=-1)  # [B, G, V]
-            gold_lp = logp.gather(-1, torch.tensor(gold, device=device).view(1, G, 1).expand(B, G, 1)).sum((1, 2))
-            for b in range(B):
-                results[b].gold_logprob = float(gold_lp[b])
-        obs.question_done(results, res.hidden_states if settings.capture else ())
-        if lens_ids or lens_seqs:  # one lens pass at the last prompt token: lens_ids, then each sequence's first token
-            n = len(lens_ids or [])
-            lens_lp, lens_rank = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0],
-                                            [*(lens_ids or []), *(s[0] for s in lens_seqs)])
-        if lens_ids:
-            for b in range(B):
-                results[b].lens_logprob, results[b].lens_rank = lens_lp[b, :, :n], lens_rank[b, :, :n]
-        if lens_seqs:
-            M = max(len(s) for s in lens_seqs)
-            ctx.context_chunk = chunk(B * len(lens_seqs), M, T + Q + M)
-            seq_lp = _sequence_lens(model, cache, ctx, Q, lens_lp[:, :, n:], lens_seqs)  # [B, L, S]
-            for b in range(B):
-                results[b].lens_seq_logprob = seq_lp[b]
-        if settings.keep_logits:
-            for b in range(B):
-                results[b].logits = logits[b].float().clone()
+        first = _question_forward(batch, question, gold, lens_ids or [], lens_seqs or [])
         cache.truncate(Q)
         obs.generated(ctx)  # from here on, forwards feed generated tokens back
-        nxt = logits[:, 0].argmax(-1)  # [B]: each cell's first generated token
-        # 2) the draft (the full cache's answer) verified in one forward: each cell's tokens up to and including
-        # its first disagreement with the draft; the rejected draft slots are masked out of the cell's suffix
-        pending = nxt.view(B, 1)  # per row, the tokens to emit now (the last of them is not fed yet)
-        fed = obs.fed
-        if feed:
-            obs.forward = 0
-            ctx.capture_query = None  # every query: the generated-token masses of each fed draft token
-            ctx.context_chunk = chunk(B, len(feed), T + Q + len(feed))
-            pending, fed, ctx.suffix_keep = _verify_draft(model, cache, feed, nxt, T, Q)
-        # 3) greedy decoding, one token per forward; finished cells leave the batch
-        ctx.capture_query = 0  # decode steps have one query per cell
-        ctx.context_chunk = chunk(B, 1, T + Q + len(feed) + settings.max_new_tokens)
-        while True:
-            done = _emit(results, rows, pending, stop, settings.max_new_tokens)  # [b] bool
-            if bool(done.all()):
-                break
-            nxt = pending[torch.arange(len(rows), device=device), (pending >= 0).sum(1) - 1]  # each row's last token
-            if bool(done.any()):
-                alive = (~done).nonzero().flatten()
-                rows, nxt, fed = rows[alive], nxt[alive], fed[alive]
-                cache.keep_rows(alive)
-                ctx.select(alive)
-            obs.forward += 1
-            obs.rows, obs.fed = rows, fed
-            obs.step()
-            slot = torch.full((1,), T + cache.lens[0], device=device)  # where the new K/V go (= position, no draft)
-            res = model(input_ids=nxt.view(-1, 1), past_key_values=cache, position_ids=(T + Q + fed).view(-1, 1),
-                        cache_position=slot, use_cache=True, logits_to_keep=1)
-            fed = fed + 1
-            pending = res.logits[:, -1].argmax(-1).view(-1, 1)
-            obs.step_done(results)
+        pending, fed = _draft_forward(batch, feed, first)
+        _greedy_steps(batch, pending, fed, stop, len(feed))
+    results = batch.results
     for r in results:
         r.text = tokenizer.decode(r.tokens, skip_special_tokens=True) if tokenizer is not None else ""
     obs.done(results)
     return results
+
+
+def _question_forward(batch: _Batch, question: list[int], gold: list[int], lens_ids: list[int],
+                      lens_seqs: list[list[int]]) -> torch.Tensor:
+    """The question (and the teacher-forced gold answer) for every cell at once: the gold log-probability, the
+    captures at the last prompt token, the logit lens (one pass at that token, then each sequence's own forward)
+    and the logits kept when asked. Returns each cell's first generated token ``[B]``."""
+    model, cache, ctx, obs, results, settings = (batch.model, batch.cache, batch.ctx, batch.obs, batch.results,
+                                                 batch.settings)
+    B, T, Q, G, device = batch.B, batch.T, batch.Q, len(gold), batch.device
+    ids = torch.tensor([question + gold], device=device).expand(B, -1)
+    pos = torch.arange(T, T + Q + G, device=device)
+    res = model(input_ids=ids, past_key_values=cache, position_ids=pos.unsqueeze(0).expand(B, -1),
+                cache_position=pos, use_cache=True, logits_to_keep=G + 1,
+                output_hidden_states=settings.capture or bool(lens_ids) or bool(lens_seqs))
+    logits = res.logits  # [B, G + 1, V]: positions Q-1 … Q+G-1
+    if G:
+        logp = torch.log_softmax(logits[:, :G].float(), dim=-1)  # [B, G, V]
+        gold_lp = logp.gather(-1, torch.tensor(gold, device=device).view(1, G, 1).expand(B, G, 1)).sum((1, 2))
+        for b in range(B):
+            results[b].gold_logprob = float(gold_lp[b])
+    obs.question_done(results, res.hidden_states if settings.capture else ())
+    if lens_ids or lens_seqs:  # one lens pass at the last prompt token: lens_ids, then each sequence's first token
+        n = len(lens_ids)
+        lens_lp, lens_rank = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0],
+                                        [*lens_ids, *(s[0] for s in lens_seqs)])
+        for b in range(B if lens_ids else 0):
+            results[b].lens_logprob, results[b].lens_rank = lens_lp[b, :, :n], lens_rank[b, :, :n]
+        if lens_seqs:
+            M = max(len(s) for s in lens_seqs)
+            ctx.context_chunk = batch.chunk(B * len(lens_seqs), M, T + Q + M)
+            seq_lp = _sequence_lens(model, cache, ctx, Q, lens_lp[:, :, n:], lens_seqs)  # [B, L, S]
+            for b in range(B):
+                results[b].lens_seq_logprob = seq_lp[b]
+    if settings.keep_logits:
+        for b in range(B):
+            results[b].logits = logits[b].float().clone()
+    return logits[:, 0].argmax(-1)
+
+
+def _draft_forward(batch: _Batch, feed: list[int], first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft (the full cache's answer) checked in one forward: per cell, its tokens up to and including its
+    first disagreement with the draft (``pending [B, n]``, -1 padded; the last of them not fed yet) and how many
+    generated tokens it has fed (``fed [B]``); the rejected draft slots are masked out of the cell's suffix.
+    Without a draft: each cell's first token, none fed."""
+    if not feed:
+        return first.view(-1, 1), batch.obs.fed
+    batch.obs.forward = 0
+    batch.ctx.capture_query = None  # every query: the generated-token masses of each fed draft token
+    batch.ctx.context_chunk = batch.chunk(batch.B, len(feed), batch.T + batch.Q + len(feed))
+    pending, fed, batch.ctx.suffix_keep = _verify_draft(batch.model, batch.cache, feed, first, batch.T, batch.Q)
+    return pending, fed
+
+
+def _greedy_steps(batch: _Batch, pending: torch.Tensor, fed: torch.Tensor, stop: set[int], drafted: int) -> None:
+    """Greedy decoding, one token per forward for the cells still going; finished cells leave the batch (their
+    rows of the cache, the masks and the observers with them)."""
+    model, cache, ctx, obs, results, settings = (batch.model, batch.cache, batch.ctx, batch.obs, batch.results,
+                                                 batch.settings)
+    T, Q, device = batch.T, batch.Q, batch.device
+    rows = obs.rows  # active batch row -> cell index
+    ctx.capture_query = 0  # decode steps have one query per cell
+    ctx.context_chunk = batch.chunk(batch.B, 1, T + Q + drafted + settings.max_new_tokens)
+    while True:
+        done = _emit(results, rows, pending, stop, settings.max_new_tokens)  # [b] bool
+        if bool(done.all()):
+            return
+        nxt = pending[torch.arange(len(rows), device=device), (pending >= 0).sum(1) - 1]  # each row's last token
+        if bool(done.any()):
+            alive = (~done).nonzero().flatten()
+            rows, nxt, fed = rows[alive], nxt[alive], fed[alive]
+            cache.keep_rows(alive)
+            ctx.select(alive)
+        obs.forward += 1
+        obs.rows, obs.fed = rows, fed
+        obs.step()
+        slot = torch.full((1,), T + cache.lens[0], device=device)  # where the new K/V go (= position, no draft)
+        res = model(input_ids=nxt.view(-1, 1), past_key_values=cache, position_ids=(T + Q + fed).view(-1, 1),
+                    cache_position=slot, use_cache=True, logits_to_keep=1)
+        fed = fed + 1
+        pending = res.logits[:, -1].argmax(-1).view(-1, 1)
+        obs.step_done(results)
