@@ -21,6 +21,7 @@ answers equal ``auto``'s.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -166,16 +167,22 @@ def main() -> int:
     lm, tasks, prompts, engine, pipe = grid_setup(args)
     peak = matmul_peak()
 
+    from kvroute.engine.attention import ran, ran_since
+    from kvroute.engine.attention.kept import kernel
+
     rows = []
     agree = total = 0
     work: list = []  # the largest grid's (T, Q, cells) per instance, for the FLOP ceiling
+    forwards: dict[str, int] = {}  # the largest grid's layer forwards per attention backend (first repeat)
     for n_press, ratios in GRIDS[-1:] if args.largest_only else GRIDS:
         cells = [Cell(p, r) for p in PRESSES[:n_press] for r in ratios]
         ta, tb = [], []
         for rep in range(args.repeats):
+            before = ran()
             t0 = time.perf_counter()
             ours = [engine.run(p, cells, decode_full=False).raise_for_errors().outputs for p in prompts]
             ta.append(time.perf_counter() - t0)
+            forwards = ran_since(before) if rep == 0 else forwards
             t0 = time.perf_counter()
             ref = [[kvpress_answer(lm, p.kvpress_context, p.kvpress_question, c.press, c.ratio,
                                    max_new_tokens=args.max_new_tokens, pipeline=pipe) for c in cells] for p in prompts]
@@ -221,6 +228,11 @@ def main() -> int:
         f"Model {lm.name} (float32, sdpa), {args.instances} `base` instances of ~{args.tokens} context tokens "
         f"(measured: {', '.join(str(p.n_context) for p in prompts)}), greedy, max_new_tokens={args.max_new_tokens}; "
         f"presses {', '.join(PRESSES)}.",
+        f"Masked attention: `{args.attention_backend}`; layer forwards per backend on the largest grid: "
+        + (", ".join(f"{n} {k}" for n, k in forwards.items()) or "none")
+        + "; the kept-entries kernel " + ("switched off (KVROUTE_KEPT_KERNEL=0)"
+                                          if os.environ.get("KVROUTE_KEPT_KERNEL") == "0" else
+                                          "built" if kernel() is not None else "not built") + " here.",
         "",
         "| cells per instance | kvroute s (median, range) | kvpress loop s (median, range) | speedup |",
         "|---|---|---|---|",
