@@ -22,8 +22,9 @@ ORDER = ["load_speed", "equivalence", "grid_speed", "draft_speed", "profile_grid
          "bookkeeping", "planted_truth", "mask_controls", "restore_controls", "paper_plan", "startup"]
 #: collected into RESULTS.md but never run by `make bench`: they need a CUDA device (see each script's doc)
 DEVICE_ONLY = ["gpu_check"]
-#: collected into RESULTS.md, run by hand: 85 min of study sweeps on 2 cores here (see its doc)
-BY_HAND = ["cliff_study"]
+#: collected into RESULTS.md, run by hand: 85 min of study sweeps on 2 cores here, and the main job run twice
+#: (`make demo` before and after a change, about 40 min; see each script's doc)
+BY_HAND = ["cliff_study", "demo_speed"]
 
 
 def main() -> int:

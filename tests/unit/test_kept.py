@@ -135,6 +135,30 @@ def test_kernel_output_and_log_sum_exp_against_a_dense_reference(kernel, share):
     torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("fault", ["position past the context", "negative position", "offsets past the index",
+                                   "decreasing offsets"])
+def test_the_kernel_refuses_an_index_outside_its_tensors(kernel, fault):
+    """The kernel reads the context through the index without checking each access, so the index is checked once
+    per call: a position outside the context or offsets that leave the index raise, never read past a tensor."""
+    B, Hkv, R, T, D = 2, 2, 3, 40, 64
+    g = torch.Generator().manual_seed(0)
+    k_ctx, v_ctx = torch.randn(Hkv, T, D, generator=g), torch.randn(Hkv, T, D, generator=g)
+    offsets, index = kept_index(torch.rand(Hkv, B, T, generator=g) >= 0.5)
+    qg = torch.randn(B, Hkv, R, D, generator=g)
+    kept_context(qg, k_ctx, v_ctx, offsets, index, scale=0.125)  # the index as made: fine
+    if fault == "position past the context":
+        index[3] = T
+    elif fault == "negative position":
+        index[-1] = -1
+    elif fault == "offsets past the index":
+        offsets[-1] += 1
+    else:
+        a, b = int(offsets[2]), int(offsets[3])
+        offsets[2], offsets[3] = b, a - 1  # row 2 ends before it starts
+    with pytest.raises(RuntimeError, match="kept_attention: (index|offsets)"):
+        kept_context(qg, k_ctx, v_ctx, offsets, index, scale=0.125)
+
+
 def test_the_kept_index_follows_the_cells_that_stay(kernel):
     """select_index slices the CSR lists of the cells that stay, equal to rebuilding them; MaskedContext.select carries
     the cached index along, and the attention after a select equals a fresh context's."""

@@ -441,6 +441,15 @@ std::vector<torch::Tensor> kept_attention(torch::Tensor q, torch::Tensor k, torc
   auto lse = torch::empty({H, B, R}, q.options());
   const int64_t* off = offsets.data_ptr<int64_t>();
   const int32_t* ip = idx.data_ptr<int32_t>();
+  // the index is read without further checks below: a CSR list whose rows stay inside idx and whose positions
+  // stay inside the context, or an error (one pass over the index, small beside the attention itself)
+  const int64_t T = k.size(1), nnz = idx.numel();
+  TORCH_CHECK(v.size(1) == T, "kept_attention: k and v must have the same context length");
+  TORCH_CHECK(off[0] == 0 && off[H * B] == nnz, "kept_attention: offsets must run from 0 to idx.numel()");
+  for (int64_t r = 0; r < H * B; ++r)
+    TORCH_CHECK(off[r] <= off[r + 1], "kept_attention: offsets must not decrease (row ", r, ")");
+  for (int64_t j = 0; j < nnz; ++j)
+    TORCH_CHECK(ip[j] >= 0 && ip[j] < T, "kept_attention: index ", ip[j], " at ", j, " outside the context of ", T);
   const float sc = static_cast<float>(scale);
   Suffix suf;
   torch::Tensor own_c;
