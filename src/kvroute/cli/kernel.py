@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -20,8 +21,9 @@ def _state() -> dict[str, object]:
     from kvroute.engine.attention import kept
     from kvroute.engine.kept_build import kernels_folder
 
+    off = not kept.ENABLED or os.environ.get("KVROUTE_KEPT_KERNEL", "1") == "0"  # as resolve_backend reads it
     return {"applies": kept.kept_applies(torch.device("cpu"), torch.float32, 64), "avx512": kept._avx512(),
-            "switched_off": not kept.ENABLED, "built": kept.kernel() is not None, "folder": str(kernels_folder()),
+            "switched_off": off, "built": kept.kernel() is not None, "folder": str(kernels_folder()),
             "name": kept._spec().name}
 
 
@@ -58,7 +60,7 @@ def kernel_status(
         print_json(state)
         return
     if state["switched_off"]:
-        line = "switched off (KVROUTE_KEPT_KERNEL=0)"
+        line = f"switched off (KVROUTE_KEPT_KERNEL=0){'; built' if state['built'] else ''}"
     elif not state["avx512"]:
         line = "cannot run here: this CPU has no AVX-512"
     elif state["built"]:

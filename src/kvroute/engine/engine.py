@@ -58,7 +58,9 @@ class EngineResult:
         e = self.failures[i]
         c = self.cells[i]
         at = f"{c.press}@{c.ratio:g}" + (f" restore={c.restore}" if c.restore else "")
-        e.add_note(f"(cell {i}, {at}; {len(self.failures)} of {len(self.cells)} cells failed)")
+        note = f"(cell {i}, {at}; {len(self.failures)} of {len(self.cells)} cells failed)"
+        if note not in getattr(e, "__notes__", ()):  # raised again: noted once
+            e.add_note(note)
         raise e
 
 
@@ -201,9 +203,10 @@ class Engine:
                                                "with every cell the later runs decode")
                            for r in requests if r.key not in pre.scores})  # its scoring failed on that prefill
         t1 = time.perf_counter()
-        for i, keys in ((i, [k, *aux_keys.get(i, {}).values()]) for i, k in cell_key.items()):
-            if i not in failures and (why := next((failed[k] for k in keys if k in failed), None)) is not None:
-                failures[i] = why
+        for i, key in cell_key.items():  # a cell whose score request or one of its aux requests failed
+            why = next((failed[k] for k in (key, *aux_keys.get(i, {}).values()) if k in failed), None)
+            if why is not None:
+                failures.setdefault(i, why)
         L, Hkv = len(pre.keys), pre.keys[0].shape[1]
         full = KeepMask.full(L, Hkv, T, device=pre.keys[0].device)
         consensus = self._consensus_once(full)
@@ -212,7 +215,7 @@ class Engine:
             if i in failures:
                 continue
             try:
-                masks[i] = self._mask(c, i in cell_key and cell_key[i], pre, aux_keys.get(i, {}), full, q_ids,
+                masks[i] = self._mask(c, cell_key.get(i), pre, aux_keys.get(i, {}), full, q_ids,
                                       answer=answer or [], ev=ev, seed=seed, consensus=consensus,
                                       distractors=distractors)
             except CELL_ERRORS as e:
@@ -252,14 +255,14 @@ class Engine:
                               "must be inside the compressed prefix: use the question-aware regime "
                               "(--question-aware, or regimes = [\"aware\"] in a sweep config)")
 
-    def _mask(self, c: Cell, key: ScoreKey | bool, pre: PrefillResult, aux_keys: Mapping[str, ScoreKey],
+    def _mask(self, c: Cell, key: ScoreKey | None, pre: PrefillResult, aux_keys: Mapping[str, ScoreKey],
               full: KeepMask, q_ids: list[int], *, answer: Sequence[int], ev: Sequence[int], seed: int,
               consensus: Callable[[PrefillResult, list[int]], list[int]],
               distractors: Sequence[Sequence[int]]) -> KeepMask:
-        """Cell ``c``'s keep mask: its press's selection from the prefill's scores (``key``; False where the cell
+        """Cell ``c``'s keep mask: its press's selection from the prefill's scores (``key``; None where the cell
         keeps everything and shares the full-cache decode, which a restore does not change), then its restore."""
-        if not isinstance(key, ScoreKey):
-            mask = KeepMask(full.mask, c.press if c.press != NO_PRESS else NO_PRESS, c.ratio)
+        if key is None:
+            mask = KeepMask(full.mask, c.press, c.ratio)
         else:
             aux = {name: pre.scores[k] for name, k in aux_keys.items()}
             mask = self.press(c.press).keep_mask(pre.scores[key], c.ratio, aux, self.lm.info.compressed_layers)
@@ -269,7 +272,7 @@ class Engine:
                                   consensus=consensus(pre, q_ids) if cond.target == "consensus" else None,
                                   retrieval=self._retrieval_kv() if cond.needs_retrieval_heads else None,
                                   distractors=distractors)
-            mask = restored if isinstance(key, ScoreKey) else mask
+            mask = restored if key is not None else mask
         return mask
 
     @staticmethod

@@ -119,7 +119,7 @@ def build_kernel() -> Any:
     where it cannot be built or loaded here. The build and the checks before each load:
     :mod:`kvroute.engine.kept_build`."""
     if not ENABLED:
-        raise KernelUnavailable("it is switched off (KVROUTE_KEPT_KERNEL=0)")
+        raise KernelUnavailable("it is switched off in this process (kept.ENABLED)")
     if not _avx512():
         raise KernelUnavailable("this CPU has no AVX-512, the kernel's instructions")
     from torch.utils.cpp_extension import is_ninja_available
