@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import environment, matmul_peak, write  # noqa: E402
+from compare_runs import commit  # noqa: E402
 from flops import Shape, prefill_flops  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,11 +102,6 @@ def sweep_seconds(out: Path) -> float:
     return sum(float(s.get("seconds") or 0.0) for s in manifest.get("sessions", []))
 
 
-def commit_of(tree: Path) -> str:
-    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="the demo's --scale (1: make demo's study)")
@@ -129,7 +125,6 @@ def main() -> int:
             wall[name] = run_demo(tree, out, args.scale, args.tickets)
             peaks.append(matmul_peak())
             print(f"{name}: {wall[name]:.1f} s", flush=True)
-        commits = {name: commit_of(tree) for name, tree, _ in sides}
     finally:
         if args.before:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(args.work / "before-tree")],
@@ -137,6 +132,7 @@ def main() -> int:
     peak = max(peaks)
     flops, parts = demo_flops(args.work / "after", args.scale)
     sweep = {name: sweep_seconds(out) for name, _, out in sides}
+    commits = {name: commit(out) for name, _, out in sides}  # as each run's manifest records it
     cmd = (f"python benchmarks/demo_speed.py --scale {args.scale:g} --tickets {args.tickets}"
            + (f" --before {args.before}" if args.before else ""))
     lines = [

@@ -21,7 +21,6 @@ answers equal ``auto``'s.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -167,7 +166,7 @@ def main() -> int:
     lm, tasks, prompts, engine, pipe = grid_setup(args)
     peak = matmul_peak()
 
-    from kvroute.engine.attention import ran, ran_since
+    from kvroute.engine.attention import ran, ran_since, resolve_backend
     from kvroute.engine.attention.kept import kernel
 
     rows = []
@@ -230,8 +229,7 @@ def main() -> int:
         f"presses {', '.join(PRESSES)}.",
         f"Masked attention: `{args.attention_backend}`; layer forwards per backend on the largest grid: "
         + (", ".join(f"{n} {k}" for n, k in forwards.items()) or "none")
-        + "; the kept-entries kernel " + ("switched off (KVROUTE_KEPT_KERNEL=0)"
-                                          if os.environ.get("KVROUTE_KEPT_KERNEL") == "0" else
+        + "; the kept-entries kernel " + ("switched off (KVROUTE_KEPT_KERNEL=0)" if not resolve_backend().kept else
                                           "built" if kernel() is not None else "not built") + " here.",
         "",
         "| cells per instance | kvroute s (median, range) | kvpress loop s (median, range) | speedup |",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import typer
@@ -18,10 +17,10 @@ app.add_typer(kernel_app, name="kernel")
 def _state() -> dict[str, object]:
     import torch
 
-    from kvroute.engine.attention import kept
+    from kvroute.engine.attention import kept, resolve_backend
     from kvroute.engine.kept_build import kernels_folder
 
-    off = not kept.ENABLED or os.environ.get("KVROUTE_KEPT_KERNEL", "1") == "0"  # as resolve_backend reads it
+    off = not kept.ENABLED or not resolve_backend().kept  # KVROUTE_KEPT_KERNEL=0, read as a decode reads it
     return {"applies": kept.kept_applies(torch.device("cpu"), torch.float32, 64), "avx512": kept._avx512(),
             "switched_off": off, "built": kept.kernel() is not None, "folder": str(kernels_folder()),
             "name": kept._spec().name}
