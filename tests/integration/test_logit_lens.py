@@ -177,3 +177,30 @@ def test_sequence_lens_is_the_masked_models_log_likelihood_of_each_sequence(lm):
     single = Engine(lm, DecodeSettings(max_new_tokens=2, batch_size=1)).run(p, cells, lens_seqs=seqs, evidence=ev)
     for a, b in zip(res.outputs, single.outputs, strict=True):
         torch.testing.assert_close(a.lens_seq_logprob, b.lens_seq_logprob, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 7])  # one chunk; one row per chunk; chunks that cut across layers
+def test_lens_pass_equals_the_lens_layer_by_layer_at_several_positions(lm, chunk):
+    """The lens of N positions with their own token ids, every layer's rows through the unembedding together in
+    chunks (kvroute.engine.decode._lens_pass), equals a log-softmax per layer and position, ranks of the first ids
+    included."""
+    from kvroute.engine.decode import _lens_pass
+
+    p = _prompt(lm)
+    with torch.no_grad():
+        ref = lm.model(torch.tensor([p.context_ids + p.question_ids]), output_hidden_states=True)
+        N, L = 5, lm.model.config.num_hidden_layers
+        hidden = [h[0, -N:] for h in ref.hidden_states]
+        V = ref.logits.shape[-1]
+        cols = torch.randint(0, V, (N, 3), generator=torch.Generator().manual_seed(2))  # other ids at each position
+        kw = {} if chunk is None else {"chunk": chunk * V}
+        lp, rank = _lens_pass(lm.model, hidden, ref.logits[0, -N:], cols, ranked=2, **kw)
+        assert lp.shape == (N, L, 3) and rank.shape == (N, L, 2)
+        for layer in range(1, L + 1):
+            if layer < L:
+                logp = torch.log_softmax(lm.model.lm_head(lm.model.model.norm(hidden[layer])), -1)
+            else:
+                logp = torch.log_softmax(ref.logits[0, -N:], -1)
+            want = logp.gather(-1, cols)
+            torch.testing.assert_close(lp[:, layer - 1], want, atol=1e-5, rtol=0)
+            assert torch.equal(rank[:, layer - 1], (logp.unsqueeze(1) > want[:, :2].unsqueeze(-1)).sum(-1))

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
+from kvroute.engine import heap
 from kvroute.engine.attention import MaskedContext, check_backend_name, masked_attention, resolve_backend, streaming
 from kvroute.engine.attention.gather import GATHER_MIN_QUERIES
 from kvroute.engine.attention.streaming import ATTENTION_SHARE, context_chunk
@@ -120,8 +121,59 @@ def _lens_head(model: nn.Module) -> tuple[nn.Module, nn.Module, float | None]:
     return norm, head, getattr(getattr(config, "text_config", config), "final_logit_softcapping", None)
 
 
+#: logits held at once by the lens (rows × vocabulary, float32; the projection and its log-softmax: 2 × 128 MiB); rows
+#: of every layer share a chunk, so the unembedding's weights are read once per chunk rather than once per layer
+LENS_CHUNK = 2**25
+
+
+def _lens_pass(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: torch.Tensor, cols: torch.Tensor,
+               ranked: int = 0, chunk: int = LENS_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logit lens of N positions at every layer: log-probs ``[N, L, n]`` of the token ids ``cols [N, n]`` and
+    ranks ``[N, L, ranked]`` (int64) of the first ``ranked`` of them.
+
+    ``hidden``: L + 1 entries of ``[N, d]`` (embeddings first; as in transformers the last is already normed),
+    ``final_logits [N, V]``: the model's own logits there, used for layer L. Layer ℓ < L: log-softmax of
+    ``unembed(final_norm(h_ℓ))`` over the vocabulary, final logit soft-capping applied where the config has one.
+    A rank counts the vocabulary entries strictly more likely (0 = top-1). The rows of all layers below L go through
+    the unembedding together, in chunks of about ``chunk`` logits, so that its weights (V × d, the largest matrix of
+    a small model) are read once per chunk rather than once per layer.
+    """
+    norm, head, cap = _lens_head(model)
+    N, V = final_logits.shape
+    L, n = len(hidden) - 1, cols.shape[-1]
+    lp = torch.empty(N, L, n, dtype=torch.float32, device=final_logits.device)
+    rank = torch.empty(N, L, ranked, dtype=torch.long, device=final_logits.device)
+    step = max(1, chunk // max(V, 1))
+
+    def score(logits: torch.Tensor, c: torch.Tensor, scratch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.gather(-1, c)  # [rows, n]
+        # a float 0/1 comparison summed: several times faster than summing a boolean tensor, and exact below 2**24
+        counts = [torch.gt(logp, chosen[:, j : j + 1], out=scratch).sum(-1) for j in range(ranked)]
+        return chosen, (torch.stack(counts, -1).long() if counts else chosen.new_empty(len(c), 0, dtype=torch.long))
+
+    if L > 1:  # layers 1 … L-1: rows (position i, layer ℓ) at i·(L-1) + ℓ-1
+        inner = torch.stack(list(hidden[1:L]), dim=1).flatten(0, 1)  # [N·(L-1), d]
+        inner_cols = cols.repeat_interleave(L - 1, dim=0)
+        out_lp, out_rank = [], []
+        for a in range(0, inner.shape[0], step):
+            logits = head(norm(inner[a : a + step])).float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            chosen, r = score(logits, inner_cols[a : a + step], logits)  # the projection is free once soft-maxed
+            out_lp.append(chosen)
+            out_rank.append(r)
+        lp[:, : L - 1] = torch.cat(out_lp).view(N, L - 1, n)
+        rank[:, : L - 1] = torch.cat(out_rank).view(N, L - 1, ranked)
+    for a in range(0, N, step):  # layer L: the model's own logits (not to be overwritten)
+        logits = final_logits[a : a + step].float()
+        chosen, r = score(logits, cols[a : a + step], torch.empty_like(logits))
+        lp[a : a + step, L - 1], rank[a : a + step, L - 1] = chosen, r
+    return lp, rank
+
+
 def logit_lens(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: torch.Tensor,
-               ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+               ids: Sequence[int], ranked: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob and rank of each of ``ids`` under the logit lens of every layer, at one position.
 
     ``hidden``: the model's ``hidden_states`` (embeddings first, L + 1 entries of ``[B, d]``; as in
@@ -129,47 +181,22 @@ def logit_lens(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: t
     logits there (used for layer L, so the lens's last layer is exactly the model's next-token
     distribution). Layer ℓ < L: log-softmax of ``unembed(final_norm(h_ℓ))`` over the full vocabulary
     (final logit soft-capping applied when the config has one). Returns ``[B, L, n]`` float32 log-probs
-    and ``[B, L, n]`` int64 ranks (number of vocabulary entries strictly more likely; 0 = top-1).
+    and ``[B, L, ranked]`` int64 ranks of the first ``ranked`` ids (all of them by default; number of
+    vocabulary entries strictly more likely; 0 = top-1).
     """
-    norm, head, cap = _lens_head(model)
-    idx = torch.as_tensor(list(ids), dtype=torch.long, device=final_logits.device)
-    lps, ranks = [], []
-    for layer in range(1, len(hidden)):
-        if layer == len(hidden) - 1:
-            logits = final_logits.float()
-        else:
-            logits = head(norm(hidden[layer])).float()  # [B, V]: one layer at a time (V can be 150k)
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
-        logp = torch.log_softmax(logits, dim=-1)
-        chosen = logp.index_select(-1, idx)  # [B, n]
-        lps.append(chosen)
-        ranks.append((logp.unsqueeze(1) > chosen.unsqueeze(-1)).sum(-1))  # [B, n]
-    return torch.stack(lps, dim=1), torch.stack(ranks, dim=1)
+    B = final_logits.shape[0]
+    cols = torch.as_tensor(list(ids), dtype=torch.long, device=final_logits.device).expand(B, -1)
+    return _lens_pass(model, hidden, final_logits, cols, len(ids) if ranked is None else ranked)
 
 
 def _lens_targets(model: nn.Module, hidden: Sequence[torch.Tensor], final_logits: torch.Tensor,
-                  targets: torch.Tensor, chunk: int = 2**24) -> torch.Tensor:
+                  targets: torch.Tensor) -> torch.Tensor:
     """Lens log-prob of ``targets [N]`` at N positions, every layer: ``[N, L]`` float32.
 
     ``hidden``: L + 1 entries of ``[N, d]`` (embeddings first, the last already normed), ``final_logits``
-    ``[N, V]``: the model's own logits there. Rows are processed in chunks of about ``chunk`` logits.
+    ``[N, V]``: the model's own logits there.
     """
-    norm, head, cap = _lens_head(model)
-    N, V = final_logits.shape
-    step = max(1, chunk // max(V, 1))
-    out = torch.empty(N, len(hidden) - 1, dtype=torch.float32, device=final_logits.device)
-    for a in range(0, N, step):
-        t = targets[a : a + step].unsqueeze(-1)
-        for layer in range(1, len(hidden)):
-            if layer == len(hidden) - 1:
-                logits = final_logits[a : a + step].float()
-            else:
-                logits = head(norm(hidden[layer][a : a + step])).float()
-                if cap:
-                    logits = torch.tanh(logits / cap) * cap
-            out[a : a + step, layer - 1] = torch.log_softmax(logits, dim=-1).gather(-1, t)[:, 0]
-    return out
+    return _lens_pass(model, hidden, final_logits, targets.view(-1, 1))[0][:, :, 0]
 
 
 def _sequence_lens(model: nn.Module, cache: SuffixCache, ctx: MaskedContext, question_len: int,
@@ -285,6 +312,7 @@ def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_
     if any(not s for s in seqs):
         raise EngineError("lens_seqs must be non-empty token sequences")
     device = pre.keys[0].device
+    heap.release()  # what the prefill freed goes back first: the planner reads the free memory, the decode reuses
     available = streaming.available_memory(device)  # (looked up at call time: one place to read or replace it)
     settings = replace(settings, attention_memory=settings.attention_memory or int(available * ATTENTION_SHARE))
     assert settings.attention_memory is not None
@@ -297,6 +325,8 @@ def decode_cells(model: nn.Module, tokenizer: Any, pre: PrefillResult, question_
                     plan.fits)
     out: list[CellOutput] = []
     for i in range(0, len(masks), plan.batch):
+        if i:
+            heap.release()  # a batch's freed blocks do not outlive it
         out.extend(_decode_batch(model, tokenizer, pre, list(question_ids), masks[i : i + plan.batch],
                                  list(gold_ids or []), track or {}, settings, list(lens_ids or []), seqs,
                                  list(draft or []) if settings.draft else None))
@@ -400,9 +430,9 @@ def _question_forward(batch: _Batch, question: list[int], gold: list[int], lens_
     if lens_ids or lens_seqs:  # one lens pass at the last prompt token: lens_ids, then each sequence's first token
         n = len(lens_ids)
         lens_lp, lens_rank = logit_lens(model, [h[:, Q - 1] for h in res.hidden_states], logits[:, 0],
-                                        [*lens_ids, *(s[0] for s in lens_seqs)])
+                                        [*lens_ids, *(s[0] for s in lens_seqs)], ranked=n)
         for b in range(B if lens_ids else 0):
-            results[b].lens_logprob, results[b].lens_rank = lens_lp[b, :, :n], lens_rank[b, :, :n]
+            results[b].lens_logprob, results[b].lens_rank = lens_lp[b, :, :n], lens_rank[b]
         if lens_seqs:
             M = max(len(s) for s in lens_seqs)
             ctx.context_chunk = batch.chunk(B * len(lens_seqs), M, T + Q + M)
