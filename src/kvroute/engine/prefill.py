@@ -20,6 +20,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
+from kvroute.engine import heap
 from kvroute.engine.hooks import RowReuse, attention_hooks, base_model
 from kvroute.errors import CELL_ERRORS, EngineError
 from kvroute.models.queries import require_query_projection, rotate_queries, rotated_queries
@@ -219,6 +220,7 @@ def prefill(model: nn.Module, context_ids: Sequence[int] | torch.Tensor, request
     for r in requests:
         if errors is not None and r.key in errors:
             continue
+        heap.release()  # the forward's (or the last scorer's) freed blocks go back before a scorer's own forwards
         try:
             _complete(r, scores, ModelScoreInputs(model, ids, keys, values, seed))
         except CELL_ERRORS as e:

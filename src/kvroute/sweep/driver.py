@@ -152,6 +152,12 @@ def attention_since(before: dict[str, int]) -> dict[str, int]:
     return {n: now[n] - before.get(n, 0) for n in sorted(now) if now[n] > before.get(n, 0)}
 
 
+def heap_mode() -> str | None:
+    """How this process's forwards treated freed memory (kvroute.engine.heap; None before the engine was imported)."""
+    mod = sys.modules.get("kvroute.engine.heap")
+    return mod.describe() if mod is not None else None
+
+
 #: decoding settings that change how a record is computed, not its values
 NO_RECORD_CHANGE = ("decoding.batch_size", "decoding.attention_memory", "decoding.draft", "decoding.gather",
                     "decoding.attention_backend")
@@ -285,7 +291,7 @@ def run_sweep(config: SweepConfig, run_dir: str | Path, *, backend: str = "local
                 ran = attention_since(attention_before) if backend == "local" else None
                 finish_session(run_dir, manifest, status=status, cells_computed=computed,
                                seconds=time.perf_counter() - t0, error=error, cells_errored=errored,
-                               extra={"attention_backends": ran})
+                               extra={"attention_backends": ran, "heap": heap_mode() if backend == "local" else None})
             except OSError as e:
                 if status == "complete":
                     raise

@@ -4,8 +4,9 @@ The manifest is rewritten atomically (temp file + fsync + rename, :func:`kvroute
 and the end of every session, so it is always valid JSON. A resumed run keeps its first ``started`` time and appends
 one entry per session to ``sessions`` (backend, times, cells computed, how it ended, and ``arithmetic``: the CPU
 model, PyTorch's thread count and the GPUs, on which the last bits of the records depend; a session whose arithmetic
-differs from an earlier one's that computed cells logs a warning), and, for a local session, ``attention_backends``:
-the layer forwards each masked-attention backend computed, :mod:`kvroute.engine.attention`).
+differs from an earlier one's that computed cells logs a warning), and, for a local session, ``attention_backends``
+(the layer forwards each masked-attention backend computed, :mod:`kvroute.engine.attention`) and ``heap`` (whether
+the forwards reused freed memory in place, :mod:`kvroute.engine.heap`).
 
 A session killed with SIGKILL cannot record how it ended and stays ``"running"``; since one sweep at
 a time holds the run's lock, :func:`mark_stale` shows such a session as ``"interrupted"`` (with
@@ -183,7 +184,8 @@ def finish_session(run_dir: str | Path, manifest: dict[str, Any], *, status: str
     """Record how the current session ended (complete | interrupted | failed).
 
     ``cells_errored``: how many of the cells computed this session were stored with status "error"; ``extra``: more
-    of the session's entries (the driver's ``attention_backends``: layer forwards per attention backend).
+    of the session's entries (the driver's ``attention_backends``: layer forwards per attention backend, and
+    ``heap``).
     """
     t = now()
     manifest["status"] = status
