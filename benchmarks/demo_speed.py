@@ -6,8 +6,8 @@ same run, and, with ``--before REV``, the same demo from an earlier commit run b
 Each side runs ``python -m kvroute.cli demo --scale S --tickets N --out DIR`` in a process of its own; the earlier
 commit from a ``git worktree`` of REV with that tree's ``src`` first on ``PYTHONPATH`` (the same virtual environment,
 models and kernels folder). A float32 ``torch.mm`` peak is measured before, between and after (the best of them
-counts: a busy minute counts against the machine, not against kvroute). ``benchmarks/compare_runs.py`` then compares
-the two runs' records field by field.
+counts: a busy minute counts against the machine, not against kvroute); each side's peak resident memory is its
+process's own (wait4). ``benchmarks/compare_runs.py`` then compares the two runs' records field by field.
 
 The forward FLOPs are counted from the current run's records and task files with benchmarks/flops.py's model (2·P per
 token for the decoder layers' P parameters, 4·H·D per (query, visible key) pair and layer, 2·hidden·V per position
@@ -87,13 +87,18 @@ def demo_flops(run_dir: Path, scale: float) -> tuple[float, dict[str, float]]:
     return sum(parts.values()), parts
 
 
-def run_demo(tree: Path, out: Path, scale: float, tickets: int) -> float:
-    """``kvroute demo`` from ``tree`` (its ``src`` first on the path) into ``out``; its wall time in seconds."""
+def run_demo(tree: Path, out: Path, scale: float, tickets: int) -> tuple[float, float]:
+    """``kvroute demo`` from ``tree`` (its ``src`` first on the path) into ``out``: its wall time in seconds and its
+    peak resident memory in MB (the child's own, from wait4)."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "kvroute.cli", "demo", "--scale", f"{scale:g}", "--tickets", str(tickets),
-                    "--out", str(out)], check=True, env=env, cwd=tree)
-    return time.perf_counter() - t0
+    proc = subprocess.Popen([sys.executable, "-m", "kvroute.cli", "demo", "--scale", f"{scale:g}", "--tickets",
+                             str(tickets), "--out", str(out)], env=env, cwd=tree)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args)
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024
 
 
 def sweep_seconds(out: Path) -> float:
@@ -120,11 +125,12 @@ def main() -> int:
         sides.append(("before", tree, args.work / "before"))
     sides.append(("after", ROOT, args.work / "after"))
     wall: dict[str, float] = {}
+    rss: dict[str, float] = {}  # peak resident memory, MB
     try:
         for name, tree, out in sides:
-            wall[name] = run_demo(tree, out, args.scale, args.tickets)
+            wall[name], rss[name] = run_demo(tree, out, args.scale, args.tickets)
             peaks.append(matmul_peak())
-            print(f"{name}: {wall[name]:.1f} s", flush=True)
+            print(f"{name}: {wall[name]:.1f} s, peak resident {rss[name]:.0f} MB", flush=True)
     finally:
         if args.before:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(args.work / "before-tree")],
@@ -144,13 +150,14 @@ def main() -> int:
         f"run): {flops / 1e12:.2f} TFLOP — " + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in parts.items())
         + f". float32 torch.mm peak measured in this run: {peak / 1e9:.1f} GFLOP/s (best of {len(peaks)}).",
         "",
-        "| run | commit | demo wall s | sweep s | forward FLOPs at peak, s | fraction of peak: sweep | whole demo |",
-        "|---|---|---|---|---|---|---|",
+        "| run | commit | demo wall s | sweep s | forward FLOPs at peak, s | fraction of peak: sweep | whole demo "
+        "| peak resident MB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, _, _ in sides:
         at_peak = flops / peak
         lines.append(f"| {name} | {commits[name]} | {wall[name]:.1f} | {sweep[name]:.1f} | {at_peak:.1f} | "
-                     f"{at_peak / sweep[name]:.2f} | {at_peak / wall[name]:.2f} |")
+                     f"{at_peak / sweep[name]:.2f} | {at_peak / wall[name]:.2f} | {rss[name]:.0f} |")
     lines.append("")
     if args.before:
         ratio = wall["after"] / wall["before"]

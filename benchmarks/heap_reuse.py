@@ -1,12 +1,12 @@
-"""Freed memory retained for reuse (kvroute.engine.heap) against glibc's default, side by side, on one machine.
+"""Freed memory retained for reuse (kvroute.heap) against glibc's default, side by side, on one machine.
 
     python benchmarks/heap_reuse.py [--families base,hops,long_context2000] [--repeats 2]
 
 Two parts, both with the embedded default model (Qwen2.5-0.5B, float32, this process's threads):
 
-- one operator on the shapes that pay most: SiLU of an MLP activation (37 cells × 50 tokens × 4,864: 36 MiB out)
-  and the logit lens's log-softmax of 220 rows over the vocabulary (134 MiB out), each output a fresh tensor,
-  outside and inside :func:`kvroute.engine.heap.retained` (median of 7);
+- one operator on the shapes that pay most: SiLU of an MLP activation (37 cells × 50 tokens × 4,864: 34 MiB out)
+  and the logit lens's log-softmax of 220 rows over the vocabulary (127 MiB out), each output a fresh tensor,
+  outside and inside :func:`kvroute.heap.retained` (median of 7);
 - a demo subset (the demo's sweep config, its task families filtered to ``--families``; each family one instance, as
   at ``kvroute demo --scale 0.1``) as a child process per run with ``KVROUTE_RETAIN_HEAP=0`` (glibc's default) or
   unset (retained), in the order off, on, on, off, … (``--repeats`` each): median wall time of the sweep, the peak
@@ -49,7 +49,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "peak_mb": status("VmHWM"
 
 def operator_times(model: torch.nn.Module) -> list[str]:
     """Median times of the two operators outside and inside a retaining block, one table row each."""
-    from kvroute.engine import heap
+    from kvroute import heap
 
     vocab = model.get_output_embeddings().weight.shape[0]
     act = torch.randn(37, 50, model.config.intermediate_size)
@@ -96,7 +96,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="runs per setting, in the order off, on, on, off, …")
     args = ap.parse_args()
 
-    from kvroute.engine import heap
+    from kvroute import heap
     from kvroute.models import load_model
 
     if not heap.available():

@@ -1,4 +1,4 @@
-"""Freed memory retained for reuse (kvroute.engine.heap): no page faults for a tensor that reuses a freed block, memory
+"""Freed memory retained for reuse (kvroute.heap): no page faults for a tensor that reuses a freed block, memory
 back to the system on leaving and on release, nested blocks, and the engine's results unchanged.
 
 The page-fault and resident-memory checks run in a fresh Python each: where a block lands depends on what the heap
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from kvroute.engine import heap
+from kvroute import heap
 
 pytestmark = pytest.mark.skipif(not heap.available() and os.environ.get("CI") != "true",
                                 reason="needs Linux with glibc (CI machines have it: there this fails)")
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not heap.available() and os.environ.get("CI") !=
 PROBE = r"""
 import json, os, resource, sys
 import torch
-from kvroute.engine import heap
+from kvroute import heap
 
 BIG = 48 << 20  # above glibc's largest mmap threshold (32 MiB): without retention always a fresh mapping
 PAGES = BIG // os.sysconf("SC_PAGE_SIZE")

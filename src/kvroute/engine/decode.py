@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kvroute import heap
 from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
-from kvroute.engine import heap
 from kvroute.engine.attention import MaskedContext, check_backend_name, masked_attention, resolve_backend, streaming
 from kvroute.engine.attention.gather import GATHER_MIN_QUERIES
 from kvroute.engine.attention.streaming import ATTENTION_SHARE, context_chunk

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvroute.engine import heap
+from kvroute import heap
 from kvroute.engine.cell import NO_PRESS, Cell
 from kvroute.engine.decode import CellOutput, DecodeSettings, decode_cells
 from kvroute.engine.prefill import PrefillCapture, PrefillResult, ScoreKey, ScoreRequest, prefill
@@ -135,7 +135,7 @@ class Engine:
                 aux_keys.setdefault(i, {})[name] = akey
         return list(reqs.values()), cell_key, aux_keys
 
-    @heap.retaining(lambda self: self.lm.device)  # the forwards' freed tensors reused in place (kvroute.engine.heap)
+    @heap.retaining(lambda self: self.lm.device)  # the forwards' freed tensors reused in place (kvroute.heap)
     def run(self, prompt: PromptLike, cells: Sequence[Cell], *, gold_ids: Sequence[int] | None = None,
             evidence: Sequence[int] | None = None, track: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
             answer: Sequence[int] | None = None, distractors: Sequence[Sequence[int]] = (),

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from kvroute.engine import heap
+from kvroute import heap
 from kvroute.engine.hooks import RowReuse, attention_hooks, base_model
 from kvroute.errors import CELL_ERRORS, EngineError
 from kvroute.models.queries import require_query_projection, rotate_queries, rotated_queries

@@ -153,8 +153,8 @@ def attention_since(before: dict[str, int]) -> dict[str, int]:
 
 
 def heap_mode() -> str | None:
-    """How this process's forwards treated freed memory (kvroute.engine.heap; None before the engine was imported)."""
-    mod = sys.modules.get("kvroute.engine.heap")
+    """How this process's forwards treated freed memory (kvroute.heap; None before the engine was imported)."""
+    mod = sys.modules.get("kvroute.heap")
     return mod.describe() if mod is not None else None
 
 

@@ -6,7 +6,7 @@ one entry per session to ``sessions`` (backend, times, cells computed, how it en
 model, PyTorch's thread count and the GPUs, on which the last bits of the records depend; a session whose arithmetic
 differs from an earlier one's that computed cells logs a warning), and, for a local session, ``attention_backends``
 (the layer forwards each masked-attention backend computed, :mod:`kvroute.engine.attention`) and ``heap`` (whether
-the forwards reused freed memory in place, :mod:`kvroute.engine.heap`).
+the forwards reused freed memory in place, :mod:`kvroute.heap`).
 
 A session killed with SIGKILL cannot record how it ended and stays ``"running"``; since one sweep at
 a time holds the run's lock, :func:`mark_stale` shows such a session as ``"interrupted"`` (with

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvroute import heap
 from kvroute.config import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
-from kvroute.engine import heap
 from kvroute.engine.decode import CellOutput, DecodeSettings, decode_cells
 from kvroute.engine.prefill import prefill
 from kvroute.errors import ConfigError, EngineError
@@ -135,7 +135,7 @@ def importance(full: CellOutput, T: int, group_size: int) -> torch.Tensor:
 
 
 # complexity: the search's phases (baseline, bisection, pruning, verification) share the candidate mask and its tally
-@heap.retaining(lambda lm: lm.device)  # its many forwards reuse freed memory in place (kvroute.engine.heap)
+@heap.retaining(lambda lm: lm.device)  # its many forwards reuse freed memory in place (kvroute.heap)
 def find_ticket(lm: LoadedModel, instance: TaskInstance, *, regime: str = "agnostic",  # noqa: C901
                 settings: TicketSettings = TicketSettings(),
                 system_prompt: str | None = None, answer_prefix: str = "", progress: Progress = SILENT) -> Ticket:

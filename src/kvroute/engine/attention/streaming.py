@@ -225,7 +225,7 @@ def context_chunk(cells: int, heads: int, queries: int, keys: int, budget: int) 
 def available_memory(device: torch.device) -> int:
     """Free memory where the attention runs: on CUDA the device's free memory plus what PyTorch's allocator holds
     unused; on the CPU the RAM the kernel says is available (free plus reclaimable caches: ``MemAvailable``). Memory
-    that glibc holds free while the engine retains it (:mod:`kvroute.engine.heap`) is not counted: a block freed
+    that glibc holds free while the engine retains it (:mod:`kvroute.heap`) is not counted: a block freed
     there serves only requests that fit in it, so counting it could plan past what the system has."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from kvroute import heap
 from kvroute.errors import EngineError
 from kvroute.presses.params import Param
 from kvroute.presses.scorers.base import SCORERS, ModelScoreInputs, ScoreInputs
@@ -114,6 +115,7 @@ class KVzipScorer(KvpressScorer):
                 press.end_idx = press.start_idx + prefill_ids.shape[1]
                 base_model(model)(input_ids=repeat_ids.to(x.context_ids.device), past_key_values=cache)
                 press.start_idx = press.end_idx
+                heap.release()  # each pass's cache and maps are larger than the last's: its freed blocks go back
             scores = press.score_val[:, 0]  # [L, 1, Hkv, T] -> [L, Hkv, T]
             scores[..., : int(self.n_sink)] = scores.amax() + 1.0  # sinks are never evicted (KVzipPress.compress_post)
             return scores

@@ -3,15 +3,18 @@
 Every forward allocates fresh tensors for its intermediates: the MLP's ``[rows, intermediate]`` activations, the
 unembedding's ``[rows, vocabulary]`` logits, KVzip's attention maps. glibc serves a request above its mmap threshold
 (128 KiB, rising with use to at most 32 MiB) with a new mapping, which the kernel backs page by page as it is first
-written and which ``free`` unmaps at once; a request of 32 MiB or more always takes this path. A 36 MiB tensor (37
-cells × 50 tokens × 4,864, Qwen2.5-0.5B's MLP) so paid about 10 ms of page faults around 2.6 ms of arithmetic on the
-2-core AMD EPYC measured here (``benchmarks/heap_reuse.py`` times a demo subset both ways).
+written and which ``free`` unmaps at once; a request of 32 MiB or more always takes this path. SiLU of a 34 MiB
+tensor (37 cells × 50 tokens × 4,864, Qwen2.5-0.5B's MLP) so took 14.9 ms with a fresh mapping and 3.3 ms reusing a
+freed block on the 2-core AMD EPYC measured here (``benchmarks/heap_reuse.py``).
 
 Within :func:`retained`, glibc takes no new mappings and gives nothing back to the system, so freed blocks are reused
 in place; leaving the outermost block returns the free memory to the system (``malloc_trim``). The engine retains
-for one ``Engine.run`` (one instance: its prefill and every cell) and a ticket search, not for a whole sweep: held
-across instances, blocks freed in one shape serve the next instance's shapes badly and the process grew by 3 GB on
-three demo instances, against under 1 GB per instance. The arithmetic is untouched: only where tensors live changes
+for one ``Engine.run`` (one instance: its prefill and every cell) and a ticket search, and hands the free memory back
+(:func:`release`) when the decode starts, between decode batches, before each scorer's own forwards and after each
+KVzip replay pass, where the next tensors differ in shape. Not for a whole sweep: held across instances, blocks
+freed in one instance's shapes serve the next one's badly, and in a trial with three demo instances held as one
+block the peak resident memory rose by gigabytes (``benchmarks/heap_reuse.py``: +460 MB per instance as it is). The
+arithmetic is untouched: only where tensors live changes
 (tests/unit/test_heap.py compares the engine's outputs both ways). The memory planner does not count what glibc holds
 free as available (a freed block serves only requests that fit in it). Elsewhere (not Linux with glibc, or
 ``KVROUTE_RETAIN_HEAP=0``, read when a block starts) the block does nothing.
