@@ -95,8 +95,9 @@ def write(name: str, lines: list[str]) -> Path:
 #: (attention_memory's 64-cell decode at 2,048 tokens read 330, 394 and 514 MB in three runs of the same code; with
 #: the threshold fixed, 289, 288 and 289 MB). Every block of 128 KB or more is then mapped and returned when freed, so
 #: the peak follows the live tensors; it costs time (a mapping and its page faults per block), hence not for
-#: children that also time.
-PEAK_ONLY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+#: children that also time. ``KVROUTE_RETAIN_HEAP=0`` keeps the engine from retaining freed blocks (kvroute.heap),
+#: which would undo the fixed threshold inside its runs.
+PEAK_ONLY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "KVROUTE_RETAIN_HEAP": "0"}
 
 
 #: the memory probe of the benchmarks' child processes (prepend it to a child's code): ``status("VmRSS")`` /
