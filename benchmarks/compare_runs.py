@@ -72,6 +72,23 @@ def commit(run: Path) -> str:
     return f"{str(git.get('commit', '?'))[:7]}{' (uncommitted changes)' if git.get('dirty') else ''}"
 
 
+def records(run: Path) -> dict[str, dict[str, Any]]:
+    """A run's records by cell key."""
+    return {r["key"]: r for r in read_records(run)}
+
+
+def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Per field that differs (:func:`same`; the timing fields aside), the keys of the records in both runs where it
+    does, in key order."""
+    diffs: dict[str, list[str]] = {}
+    for key in sorted(set(a) & set(b)):
+        ra, rb = a[key], b[key]
+        for f in sorted((set(ra) | set(rb)) - set(TIMING_FIELDS)):
+            if not same(ra.get(f), rb.get(f)):
+                diffs.setdefault(f, []).append(key)
+    return diffs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before", type=Path)
@@ -79,20 +96,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "compare_runs.md")
     ap.add_argument("--rtol", type=float, default=None, help="also check equality to this relative rounding")
     args = ap.parse_args()
-    a = {r["key"]: r for r in read_records(args.before)}
-    b = {r["key"]: r for r in read_records(args.after)}
+    a, b = records(args.before), records(args.after)
     only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-    diffs: dict[str, list[str]] = {}
-    beyond: set[str] = set()  # fields with a difference beyond --rtol (or not a float)
-    largest: dict[str, float] = {}
-    for key in sorted(set(a) & set(b)):
-        ra, rb = a[key], b[key]
-        for f in sorted((set(ra) | set(rb)) - set(TIMING_FIELDS)):
-            if not same(ra.get(f), rb.get(f)):
-                diffs.setdefault(f, []).append(key)
-                largest[f] = max(largest.get(f, 0.0), largest_difference(ra.get(f), rb.get(f)))
-                if args.rtol is None or not same(ra.get(f), rb.get(f), args.rtol, 1e-6):
-                    beyond.add(f)
+    diffs = differences(a, b)
+    largest = {f: max(largest_difference(a[k].get(f), b[k].get(f)) for k in keys) for f, keys in diffs.items()}
+    # fields with a difference beyond --rtol (or not a float)
+    beyond = {f for f, keys in diffs.items()
+              if args.rtol is None or any(not same(a[k].get(f), b[k].get(f), args.rtol, 1e-6) for k in keys)}
     identical = not (only_a or only_b or diffs)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = ["# Two runs' records, field by field (timings aside)", "",

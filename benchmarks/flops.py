@@ -50,6 +50,20 @@ def prefill_flops(s: Shape, T: int) -> float:
     return 2 * s.layer_params * T + 4 * s.heads * s.head_dim * s.layers * _pairs_causal(T)
 
 
+def replay_flops(s: Shape, T: int, passes: Sequence[tuple[int, int, int]], n_sink: int) -> float:
+    """KVzip's replay of a prefilled context of ``T`` tokens: per pass (``q`` replay tokens, ``start``, ``end`` of the
+    context chunk it reconstructs) a forward of its q tokens through the decoder layers over the T context entries
+    and themselves (the base model: no logits), and kvpress's scoring in its attention hook
+    (``_compute_cross_attention``): the queries projected again (hidden × H·D per token and layer) and their product
+    Q·Kᵀ against the first ``n_sink`` entries, the chunk and the q tokens (half of a pair's 4·H·D)."""
+    total = 0.0
+    for q, start, end in passes:
+        scored = min(n_sink, start) + (end - start) + q
+        total += (2 * s.layer_params * q + 4 * s.heads * s.head_dim * s.layers * (q * T + _pairs_causal(q))
+                  + 2 * s.layers * q * s.heads * s.head_dim * (s.hidden + scored))
+    return total
+
+
 def cell_flops(s: Shape, kept: int, Q: int, answer: int) -> float:
     """The question and answer tokens of one cell over ``kept`` context entries (logits at the last
     question token and each generated one; the last generated token is not fed back)."""

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import MEMORY_PROBE, environment, median_spread, run_child, write  # noqa: E402
-from compare_runs import same  # noqa: E402
+from compare_runs import differences, records  # noqa: E402
 
 MODEL = "qwen2.5-0.5b"
 WORK = Path("/tmp/kvroute-heap-reuse")
@@ -75,15 +75,8 @@ def operator_times(model: torch.nn.Module) -> list[str]:
 
 def compare(a: Path, b: Path) -> tuple[int, list[str]]:
     """How many records two runs share, and the fields that differ between them (timings aside)."""
-    from kvroute.records import TIMING_FIELDS
-    from kvroute.sweep import read_records
-
-    ra = {r["key"]: r for r in read_records(a)}
-    rb = {r["key"]: r for r in read_records(b)}
-    fields = set()
-    for key in set(ra) & set(rb):
-        fields |= {f for f in (set(ra[key]) | set(rb[key])) - set(TIMING_FIELDS)
-                   if not same(ra[key].get(f), rb[key].get(f))}
+    ra, rb = records(a), records(b)
+    fields = set(differences(ra, rb))
     if set(ra) != set(rb):
         fields.add("(the sets of cells)")
     return len(set(ra) & set(rb)), sorted(fields)
