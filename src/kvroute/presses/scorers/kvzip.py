@@ -4,8 +4,12 @@ After the context is prefilled, the model is asked to repeat it ("Repeat the pre
 exactly.", chunk by chunk for long contexts) on top of the cache; an entry's score is the largest
 attention any replay token gives it (over the query heads of its group), and the first ``n_sink``
 entries are kept. This costs one extra forward over the whole context (plus its chunks' prompts)
-beyond kvroute's one prefill. kvpress's own scoring code runs here (``KVzipPress.prepare`` and its
-attention hook) on a copy of the cache's layer list; the shared context K/V are never changed.
+beyond kvroute's one prefill. kvpress's own code runs here (``KVzipPress.prepare`` and its attention
+hook) on a copy of the cache's layer list; the shared context K/V are never changed. Only the hook's
+scoring is made differently: kvpress computes a pass's whole attention map at once ([Hkv, G, q, n] per
+layer, 455 MB at 2,000 tokens for Qwen2.5-0.5B, and two more of its size alive), kvroute the same
+entries a block of query rows at a time (:data:`BLOCK_BYTES`), each score equal to kvpress's bit for
+bit (tests/unit/test_kvzip_blocks.py).
 
 KVzip selects across layers and heads at once; its default selection is therefore ``global``
 (``kvzip`` = ``kvzip+global``; ``global[per_layer=true]`` is KVzip's ``layerwise``). Any other
@@ -14,6 +18,8 @@ selection works on its scores too.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -28,6 +34,59 @@ from kvroute.presses.scorers.kvpress_adapter import KvpressClass, KvpressScorer
 # kvpress's replay prompts (KVzipPress.prepare) and the tail of the previous chunk a later prompt quotes
 _FIRST, _LATER, _QUOTED = "\n\nRepeat the previous context exactly.", \
     "\n\nRepeat the part of the previous context exactly, starting with", 8
+
+
+#: bytes of one block of a replay pass's attention map that kvpress's scoring would hold whole ([Hkv, G, q, n]
+#: float32 per layer, and two more of its size: at 2,000 context tokens Qwen2.5-0.5B's was 455 MB); on a CPU at
+#: float32 the map is computed this many bytes of query rows at a time instead, every entry as kvpress computes it
+#: (None: kvpress's own ``score_kvzip``, the whole map at once, as on other devices and dtypes)
+BLOCK_BYTES: int | None = 32 * 2**20
+#: the fewest query rows in a block: CPU BLAS multiplies one to three rows by another path than many, whose sums can
+#: differ in the last bit (a 1-row block did, in tests/unit/test_kvzip_blocks.py); from 4 rows on every block of
+#: Qwen2.5-0.5B's and an 8-head, 128-dim model's shapes matched the whole product bit for bit, so 16 leaves a margin
+MIN_ROWS = 16
+
+
+def _score_in_blocks(press: Any, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
+                     values: torch.Tensor, attentions: Any,
+                     kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """kvpress's ``KVzipPress.score_kvzip`` (without KVzip+'s normalisation) with its attention map made a block of
+    query rows at a time: each row's softmax is its own, so every score is the one kvpress computes from the whole
+    map (the same products, scaling, causal mask and softmax per row; the maximum over rows and heads is exact).
+    Stores the pass's scores in ``press.score_val`` and returns the context's keys and values, as kvpress does."""
+    from kvpress.utils import get_prerope_query_states
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    bsz, q_len, _ = hidden_states.shape
+    sink, start, end = min(press.n_sink, press.start_idx), press.start_idx, press.end_idx
+    config: Any = module.config
+    kv_heads = config.num_key_value_heads
+    head_dim = int(module.head_dim)  # type: ignore[arg-type]
+    queries = get_prerope_query_states(module, hidden_states)
+    cos, sin = kwargs["position_embeddings"]
+    queries = (queries * cos.unsqueeze(1)) + (rotate_half(queries) * sin.unsqueeze(1))
+    queries = queries.view(bsz, kv_heads, config.num_attention_heads // kv_heads, q_len, head_dim)
+    scored = torch.cat([keys[:, :, :sink], keys[:, :, start:end], keys[:, :, -q_len:]], dim=2)
+    scored = scored.unsqueeze(2).transpose(-2, -1).contiguous()  # [bsz, Hkv, 1, D, n]
+    n = scored.shape[-1]
+    # kvpress's causal mask over the replay tokens' own keys (KVzipPress._make_mask): 0 up to the row's position, the
+    # dtype's minimum after it
+    causal = torch.full((q_len, q_len), torch.finfo(queries.dtype).min, dtype=queries.dtype, device=queries.device)
+    cond = torch.arange(q_len, device=queries.device)
+    causal.masked_fill_(cond < (cond + 1).view(q_len, 1), 0)
+    rows = max(MIN_ROWS, int(BLOCK_BYTES or 0) // (queries.shape[1] * queries.shape[2] * n * queries.element_size()))
+    starts = list(range(0, q_len, rows))
+    if len(starts) > 1 and q_len - starts[-1] < MIN_ROWS:
+        starts.pop()  # a short last block joins the one before it
+    best: torch.Tensor | None = None
+    for r0, r1 in zip(starts, [*starts[1:], q_len], strict=True):
+        weights = torch.matmul(queries[..., r0:r1, :], scored) / math.sqrt(head_dim)
+        weights[..., -q_len:] += causal[r0:r1]
+        block = nn.functional.softmax(weights, dim=-1)[..., sink : sink + end - start].amax(dim=(-3, -2))
+        best = block if best is None else torch.maximum(best, block)
+    assert best is not None
+    press.score_val[int(module.layer_idx)][..., start:end] = best  # type: ignore[arg-type]
+    return keys[:, :, : press.context_length], values[:, :, : press.context_length]
 
 
 @SCORERS.add
@@ -109,6 +168,9 @@ class KVzipScorer(KvpressScorer):
         pairs = press.prepare(model, self._tokenizer)
         attns: list[Any] = [layer.self_attn for layer in decoder_layers(model)]
         hooks = [attn.register_forward_hook(press.forward_hook, with_kwargs=True) for attn in attns]
+        if (BLOCK_BYTES is not None and not press.kvzip_plus_normalization and x.keys[0].device.type == "cpu"
+                and x.keys[0].dtype == torch.float32):
+            press.score_kvzip = functools.partial(_score_in_blocks, press)  # (on the instance: undone below)
         try:
             press.start_idx = press.prefix_length
             for prefill_ids, repeat_ids in pairs:
@@ -123,4 +185,5 @@ class KVzipScorer(KvpressScorer):
             for h in hooks:
                 h.remove()
             press._context_ids = press._cache = press.score_val = None
+            vars(press).pop("score_kvzip", None)
 
