@@ -125,6 +125,17 @@ def run_demo(tree: Path, out: Path, scale: float, tickets: int) -> tuple[float, 
     return time.perf_counter() - t0, usage.ru_maxrss / 1024
 
 
+def backends(out: Path) -> str:
+    """The attention backends the run's sweep ran, with their layer forwards, from its manifest ("not recorded" for a
+    commit from before the backends were recorded)."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    ran: dict[str, int] = {}
+    for session in manifest.get("sessions", []):
+        for name, n in (session.get("attention_backends") or {}).items():
+            ran[name] = ran.get(name, 0) + int(n)
+    return ", ".join(f"{name} {n}" for name, n in sorted(ran.items(), key=lambda kv: -kv[1])) or "not recorded"
+
+
 def sweep_seconds(out: Path) -> float:
     """The sweep's computing time from the run's manifest (its sessions together)."""
     manifest = json.loads((out / "manifest.json").read_text())
@@ -137,6 +148,8 @@ def main() -> int:
     ap.add_argument("--tickets", type=int, default=2, help="the demo's --tickets (2: make demo's)")
     ap.add_argument("--before", default=None, help="an earlier commit whose demo runs first, for a before/after")
     ap.add_argument("--work", type=Path, default=Path("/tmp/kvroute-demo-speed"), help="where the runs go")
+    ap.add_argument("--tag", default="", help="a suffix of the results file's name (demo_speed_TAG.md), to keep a run "
+                                              "made in another setting (e.g. KVROUTE_KEPT_KERNEL=0) beside the last")
     args = ap.parse_args()
     if args.work.exists():
         shutil.rmtree(args.work)
@@ -163,8 +176,9 @@ def main() -> int:
     flops, parts = demo_flops(args.work / "after", args.scale)
     sweep = {name: sweep_seconds(out) for name, _, out in sides}
     commits = {name: commit(out) for name, _, out in sides}  # as each run's manifest records it
-    cmd = (f"python benchmarks/demo_speed.py --scale {args.scale:g} --tickets {args.tickets}"
-           + (f" --before {args.before}" if args.before else ""))
+    settings = "".join(f"{k}={v} " for k, v in sorted(os.environ.items()) if k.startswith("KVROUTE_"))
+    cmd = (f"{settings}python benchmarks/demo_speed.py --scale {args.scale:g} --tickets {args.tickets}"
+           + (f" --before {args.before}" if args.before else "") + (f" --tag {args.tag}" if args.tag else ""))
     lines = [
         "# The main job's speed: `kvroute demo`, forward FLOPs against a matmul peak",
         "",
@@ -175,14 +189,14 @@ def main() -> int:
         + f". float32 torch.mm peak measured in this run: {peak / 1e9:.1f} GFLOP/s (best of {len(peaks)}).",
         "",
         "| run | commit | demo wall s | sweep s | forward FLOPs at peak, s | fraction of peak: sweep | whole demo "
-        f"| sweep without the {REPLAY} | peak resident MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| sweep without the {REPLAY} | peak resident MB | attention backends (layer forwards) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     at_peak, unreplayed = flops / peak, (flops - parts[REPLAY]) / peak
-    for name, _, _ in sides:
+    for name, _, out in sides:
         lines.append(f"| {name} | {commits[name]} | {wall[name]:.1f} | {sweep[name]:.1f} | {at_peak:.1f} | "
                      f"{at_peak / sweep[name]:.2f} | {at_peak / wall[name]:.2f} | {unreplayed / sweep[name]:.2f} | "
-                     f"{rss[name]:.0f} |")
+                     f"{rss[name]:.0f} | {backends(out)} |")
     lines.append("")
     if args.before:
         ratio = wall["after"] / wall["before"]
@@ -194,6 +208,7 @@ def main() -> int:
               "a lower bound, see the script's docstring for what is not counted).", "",
               f"fraction of peak: {frac:.2f}"]
     name = "demo_speed" if args.scale == 1 else f"demo_speed_scale{args.scale:g}"
+    name += f"_{args.tag}" if args.tag else ""
     write(name, lines)
     print("\n".join(lines))
     return 0
