@@ -106,7 +106,8 @@ def main() -> int:
     identical = not (only_a or only_b or diffs)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = ["# Two runs' records, field by field (timings aside)", "",
-             f"`python benchmarks/compare_runs.py {args.before} {args.after}` (code at {head}).", "",
+             f"`python benchmarks/compare_runs.py {args.before} {args.after}"
+             + (f" --rtol {args.rtol:g}" if args.rtol is not None else "") + f"` (code at {head}).", "",
              f"- before: `{args.before}`, {len(a)} records, written by commit {commit(args.before)}, "
              f"sweep wall time {sweep_minutes(args.before)}",
              f"- after: `{args.after}`, {len(b)} records, written by commit {commit(args.after)}, "
