@@ -42,8 +42,9 @@ _FIRST, _LATER, _QUOTED = "\n\nRepeat the previous context exactly.", \
 #: (None: kvpress's own ``score_kvzip``, the whole map at once, as on other devices and dtypes)
 BLOCK_BYTES: int | None = 32 * 2**20
 #: the fewest query rows in a block: CPU BLAS multiplies one to three rows by another path than many, whose sums can
-#: differ in the last bit (a 1-row block did, in tests/unit/test_kvzip_blocks.py); from 4 rows on every block of
-#: Qwen2.5-0.5B's and an 8-head, 128-dim model's shapes matched the whole product bit for bit, so 16 leaves a margin
+#: differ in the last bit (with MIN_ROWS = 1, tests/unit/test_kvzip_blocks.py fails); on the AMD EPYC machine here
+#: blocks of 4 rows and more of Qwen2.5-0.5B's shapes and of an 8-head, 128-dim model's matched the whole product bit
+#: for bit, so 16 leaves a margin
 MIN_ROWS = 16
 
 
