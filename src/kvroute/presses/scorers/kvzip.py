@@ -70,11 +70,12 @@ def _score_in_blocks(press: Any, module: nn.Module, hidden_states: torch.Tensor,
     scored = torch.cat([keys[:, :, :sink], keys[:, :, start:end], keys[:, :, -q_len:]], dim=2)
     scored = scored.unsqueeze(2).transpose(-2, -1).contiguous()  # [bsz, Hkv, 1, D, n]
     n = scored.shape[-1]
-    # kvpress's causal mask over the replay tokens' own keys (KVzipPress._make_mask): 0 up to the row's position, the
-    # dtype's minimum after it
-    causal = torch.full((q_len, q_len), torch.finfo(queries.dtype).min, dtype=queries.dtype, device=queries.device)
-    cond = torch.arange(q_len, device=queries.device)
-    causal.masked_fill_(cond < (cond + 1).view(q_len, 1), 0)
+    # kvpress's own causal mask over the replay tokens' keys, made once per pass length and kept on the press for the
+    # other layers as its _mask_causal keeps it: 0 up to the row's position, the dtype's minimum after it
+    mask = press.causal_mask_score
+    if mask is None or mask.size(-1) != q_len or mask.dtype != queries.dtype or mask.device != queries.device:
+        press._make_mask(queries, q_len)
+    causal = press.causal_mask_score[0, 0, 0]  # [q, q]
     rows = max(MIN_ROWS, int(BLOCK_BYTES or 0) // (queries.shape[1] * queries.shape[2] * n * queries.element_size()))
     starts = list(range(0, q_len, rows))
     if len(starts) > 1 and q_len - starts[-1] < MIN_ROWS:
