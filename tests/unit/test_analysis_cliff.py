@@ -361,3 +361,46 @@ def test_a_wide_elasticity_interval_is_no_fixed_ratio():
     assert v["verdict"] == "inconclusive" and "fixed ratio" in v["reason"]
     tight = 1 - 0.2 * (t[None, :] / 512) ** (rng.uniform(0.9, 1.1, 400)[:, None] - 1)
     assert context._verdict(fitted, {int(x): tight[:, j] for j, x in enumerate(t)}, 0.95, 3)["verdict"] == "fixed ratio"
+
+
+def test_the_grid_fitter_does_not_depend_on_its_chunking_and_ties_span_every_tied_shape():
+    """best() fits rows a chunk at a time into reused buffers and reads a tied range off the ascending midpoints: the
+    numbers (and the bootstrap's tie draws) must be those of one row at a time, up to the matrix product's rounding
+    (BLAS sums a 1-row product in another order), and the tied range every shape whose SSE ties the best (recomputed
+    here per shape with the closed-form edges, independent of best()'s bookkeeping)."""
+    from kvroute.analysis.sigmoid import _TIE_ABS, _TIE_REL, SigmoidGrid
+
+    rng = np.random.default_rng(3)
+    y = np.clip(0.05 + 0.9 / (1 + np.exp(-40 * (GRID - 0.8))) + rng.normal(0, 0.1, (37, len(GRID))), 0, 1)
+    y[1] = (GRID > 0.75).astype(float)  # a step: a tie across the whole gap
+    y[2] = np.nan  # a row with NaN gets NaN
+    y[3] = 1.0 - (GRID > 0.75)  # falling: no increasing shape is feasible inside the triangle but the flat edges
+    g = SigmoidGrid(GRID, mid_step=0.01, n_k=8)
+    one = g.best(y, chunk=1, rng=np.random.default_rng(7))
+    for chunk in (5, 32, 1000):
+        other = g.best(y, chunk=chunk, rng=np.random.default_rng(7))
+        for key in one:
+            np.testing.assert_allclose(one[key], other[key], rtol=1e-12, atol=1e-12, err_msg=f"{key} at chunk {chunk}")
+    assert np.isnan(one["mid"][2]) and np.isnan(one["sse"][2])
+    # every shape's constrained SSE: the interior optimum where it is in the triangle, else the better edge
+    s = np.stack([1 / (1 + np.exp(np.clip(-k * (GRID - m), -500, 500))) for m, k in zip(g.mids, g.ks, strict=True)])
+    for row in (0, 1, 3, 10, 36):
+        yy = y[row]
+        sse = []
+        for sh in s:
+            A = np.stack([np.ones_like(sh), sh], 1)
+            (lo, amp), *_ = np.linalg.lstsq(A, yy, rcond=None)
+            if amp > 0 and lo >= 0 and lo + amp <= 1:
+                sse.append(float(((lo + amp * sh - yy) ** 2).sum()))
+                continue
+            a0 = np.clip(sh @ yy / (sh @ sh), 0, 1)  # lo = 0
+            l1 = np.clip((1 - sh) @ (yy - sh) / ((1 - sh) @ (1 - sh)), 0, 1)  # hi = 1
+            sse.append(min(float(((a0 * sh - yy) ** 2).sum()), float(((l1 + (1 - l1) * sh - yy) ** 2).sum())))
+        sse = np.array(sse)
+        smin = sse.min()
+        assert one["sse"][row] == pytest.approx(max(smin, 0.0), abs=1e-9)
+        tied = sse <= smin + _TIE_ABS + _TIE_REL * abs(smin) + 1e-9  # (the recomputation's own rounding)
+        assert one["mid_low"][row] == pytest.approx(g.mids[tied].min(), abs=1e-12), row
+        assert one["mid_high"][row] == pytest.approx(g.mids[tied].max(), abs=1e-12), row
+        assert one["mid_low"][row] <= one["mid"][row] <= one["mid_high"][row]
+    assert one["mid_high"][1] - one["mid_low"][1] > 0.03  # the step's gap is tied across

@@ -86,7 +86,7 @@ class SigmoidGrid:
         n_mid = max(2, int(round((hi - lo) / mid_step)) + 1)
         mids = np.linspace(lo, hi, n_mid)
         ks = np.geomspace(*K_RANGE, n_k)
-        self.mids = np.repeat(mids, n_k)  # [m]   m = n_mid * n_k
+        self.mids = np.repeat(mids, n_k)  # [m]   m = n_mid * n_k, ascending (best() reads tied ranges so)
         self.ks = np.tile(ks, n_mid)  # [m]
         s = sigmoid(self.x[None, :], 0.0, 1.0, self.ks[:, None], self.mids[:, None])  # [m, n]
         n = len(self.x)
@@ -94,6 +94,7 @@ class SigmoidGrid:
         sc = s - self.s_mean[:, None]  # [m, n] centred shapes
         norm = np.linalg.norm(sc, axis=1)  # [m]
         self.norm_f = norm.copy()  # finite copy, for s·y = (q·y)‖sc‖ + s̄ Σy
+        self.norm_c = self.norm_f.clip(1e-300)  # the divisor of the fitted amplitude (q·y) / ‖sc‖
         norm[norm == 0] = np.inf
         self.norm = norm
         self.q = sc / self.norm[:, None]  # [m, n] unit vectors
@@ -107,31 +108,44 @@ class SigmoidGrid:
         Returns arrays ``mid, k, lo, hi, sse, mid_low, mid_high`` of length B (``mid_low``/``mid_high``
         bound the midpoints tied with the best). ``mid`` is the centre of the tied range, or a
         uniform draw from it when ``rng`` is given. Rows with NaN get NaN everywhere.
+
+        Rows are fitted ``chunk`` at a time into buffers reused across chunks, with as few passes over the ``[chunk,
+        m]`` arrays as the arithmetic allows; a row's numbers depend on the chunking only through the matrix
+        product's rounding, and ``rng`` draws one number per row in row order.
         """
         y = np.atleast_2d(np.asarray(y, float))  # [B, n]
         out = {k: np.full(len(y), np.nan) for k in ("mid", "k", "lo", "hi", "sse", "mid_low", "mid_high")}
         idx = np.flatnonzero(np.isfinite(y).all(axis=1))
+        m = len(self.mids)
+        width = min(chunk, len(idx))
+        amp_b, lo_b, sse_b, tmp_b = (np.empty((width, m)) for _ in range(4))
+        feas_b, flag_b = np.empty((width, m), bool), np.empty((width, m), bool)
         for start in range(0, len(idx), chunk):
             rows = idx[start:start + chunk]
+            nb = len(rows)
+            amp, lo, sse, tmp, feas, flag = (a[:nb] for a in (amp_b, lo_b, sse_b, tmp_b, feas_b, flag_b))
             yy = y[rows]  # [b, n]
             ybar = yy.mean(axis=1)  # [b]
             ss_c = ((yy - ybar[:, None]) ** 2).sum(axis=1)  # ‖y − ȳ‖²  [b]
             p = yy @ self.q.T  # [b, m]
-            amp = p / self.norm_f[None, :].clip(1e-300)
-            lo = ybar[:, None] - amp * self.s_mean[None, :]
-            sse = ss_c[:, None] - p * p
-            feas = (p > 0) & (lo >= -1e-12) & (lo + amp <= 1 + 1e-12)
-            sse = np.where(feas, sse, np.inf)
+            np.divide(p, self.norm_c[None, :], out=amp)  # amp = p / ‖sc‖
+            np.subtract(ybar[:, None], np.multiply(amp, self.s_mean[None, :], out=lo), out=lo)  # lo = ȳ − amp·s̄
+            # feasible: p > 0, lo ≥ 0 and lo + amp ≤ 1 (within rounding)
+            np.greater(p, 0, out=feas)
+            feas &= np.greater_equal(lo, -1e-12, out=flag)
+            feas &= np.less_equal(np.add(lo, amp, out=tmp), 1 + 1e-12, out=flag)
+            free = np.subtract(ss_c[:, None], np.multiply(p, p, out=tmp), out=tmp)  # unconstrained ‖y − ȳ‖² − p²
+            np.copyto(sse, free)
+            np.copyto(sse, np.inf, where=np.logical_not(feas, out=flag))  # the SSE: infinite where infeasible
             # the unconstrained optimum over all shapes bounds every constrained one from below: rows whose
             # unconstrained best is feasible are done; the others need the edges lo = 0 and hi = 1
             j_u = p.argmax(axis=1)
-            need = ~feas[np.arange(len(rows)), j_u]
+            need = ~feas[np.arange(nb), j_u]
             if need.any():
                 # a shape can only win on an edge if its unconstrained SSE (a lower bound) beats the best feasible one
-                r = np.flatnonzero(need)
-                bound = (ss_c[r, None] - p[r] * p[r]) < sse[r].min(axis=1)[:, None]
-                ri, mi = np.nonzero(bound)
-                rr = r[ri]
+                bound = np.less(free, sse.min(axis=1)[:, None], out=flag)
+                bound &= need[:, None]
+                rr, mi = np.nonzero(bound)
                 sy_tot, yy2 = yy[rr].sum(axis=1), (yy[rr] ** 2).sum(axis=1)
                 s1, s2, t2 = self.s1[mi], self.s2[mi], self.t2[mi]
                 sy = p[rr, mi] * self.norm_f[mi] + self.s_mean[mi] * sy_tot  # s·y
@@ -147,12 +161,14 @@ class SigmoidGrid:
                 sse[rb, mb] = sse_e[better]
                 lo[rb, mb] = np.where(e0, 0.0, l1)[better]
                 amp[rb, mb] = np.where(e0, a0, 1.0 - l1)[better]
-            b = np.arange(len(rows))
+            b = np.arange(nb)
             j = sse.argmin(axis=1)
             smin = sse[b, j]
-            tied = sse <= (smin + _TIE_ABS + _TIE_REL * np.abs(smin))[:, None]
-            m_lo = np.where(tied, self.mids[None, :], np.inf).min(axis=1)
-            m_hi = np.where(tied, self.mids[None, :], -np.inf).max(axis=1)
+            tied = np.less_equal(sse, (smin + _TIE_ABS + _TIE_REL * np.abs(smin))[:, None], out=flag)
+            # the midpoints ascend along the grid (__init__), so the tied range runs from the first tied shape's
+            # midpoint to the last one's
+            m_lo = self.mids[tied.argmax(axis=1)]
+            m_hi = self.mids[m - 1 - tied[:, ::-1].argmax(axis=1)]
             mid = 0.5 * (m_lo + m_hi) if rng is None else rng.uniform(m_lo, m_hi)
             out["mid"][rows] = mid
             out["mid_low"][rows], out["mid_high"][rows] = m_lo, m_hi
