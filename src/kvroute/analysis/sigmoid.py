@@ -86,7 +86,7 @@ class SigmoidGrid:
         n_mid = max(2, int(round((hi - lo) / mid_step)) + 1)
         mids = np.linspace(lo, hi, n_mid)
         ks = np.geomspace(*K_RANGE, n_k)
-        self.mids = np.repeat(mids, n_k)  # [m]   m = n_mid * n_k, ascending (best() reads tied ranges so)
+        self.mids = np.repeat(mids, n_k)  # [m]   m = n_mid * n_k
         self.ks = np.tile(ks, n_mid)  # [m]
         s = sigmoid(self.x[None, :], 0.0, 1.0, self.ks[:, None], self.mids[:, None])  # [m, n]
         n = len(self.x)
@@ -109,74 +109,86 @@ class SigmoidGrid:
         bound the midpoints tied with the best). ``mid`` is the centre of the tied range, or a
         uniform draw from it when ``rng`` is given. Rows with NaN get NaN everywhere.
 
-        Rows are fitted ``chunk`` at a time into buffers reused across chunks, with as few passes over the ``[chunk,
-        m]`` arrays as the arithmetic allows; a row's numbers depend on the chunking only through the matrix
-        product's rounding, and ``rng`` draws one number per row in row order.
+        Per row, only the shapes that can be the best or tie with it are fitted in the triangle: a shape's constrained
+        SSE is at least its unconstrained one, and the fit of the unconstrained best shape (inside the triangle, or
+        on its better edge) bounds the best from above, so a shape whose unconstrained SSE passes that bound (with
+        the tie tolerance, twice) can be neither. Rows are taken ``chunk`` at a time; a row's numbers depend on the
+        chunking only through the matrix product's rounding, and ``rng`` draws one number per row in row order.
         """
         y = np.atleast_2d(np.asarray(y, float))  # [B, n]
         out = {k: np.full(len(y), np.nan) for k in ("mid", "k", "lo", "hi", "sse", "mid_low", "mid_high")}
         idx = np.flatnonzero(np.isfinite(y).all(axis=1))
-        m = len(self.mids)
-        width = min(chunk, len(idx))
-        amp_b, lo_b, sse_b, tmp_b = (np.empty((width, m)) for _ in range(4))
-        feas_b, flag_b = np.empty((width, m), bool), np.empty((width, m), bool)
         for start in range(0, len(idx), chunk):
             rows = idx[start:start + chunk]
-            nb = len(rows)
-            amp, lo, sse, tmp, feas, flag = (a[:nb] for a in (amp_b, lo_b, sse_b, tmp_b, feas_b, flag_b))
+            b = np.arange(len(rows))
             yy = y[rows]  # [b, n]
             ybar = yy.mean(axis=1)  # [b]
             ss_c = ((yy - ybar[:, None]) ** 2).sum(axis=1)  # ‖y − ȳ‖²  [b]
             p = yy @ self.q.T  # [b, m]
-            np.divide(p, self.norm_c[None, :], out=amp)  # amp = p / ‖sc‖
-            np.subtract(ybar[:, None], np.multiply(amp, self.s_mean[None, :], out=lo), out=lo)  # lo = ȳ − amp·s̄
-            # feasible: p > 0, lo ≥ 0 and lo + amp ≤ 1 (within rounding)
-            np.greater(p, 0, out=feas)
-            feas &= np.greater_equal(lo, -1e-12, out=flag)
-            feas &= np.less_equal(np.add(lo, amp, out=tmp), 1 + 1e-12, out=flag)
-            free = np.subtract(ss_c[:, None], np.multiply(p, p, out=tmp), out=tmp)  # unconstrained ‖y − ȳ‖² − p²
-            np.copyto(sse, free)
-            np.copyto(sse, np.inf, where=np.logical_not(feas, out=flag))  # the SSE: infinite where infeasible
-            # the unconstrained optimum over all shapes bounds every constrained one from below: rows whose
-            # unconstrained best is feasible are done; the others need the edges lo = 0 and hi = 1
+            free = ss_c[:, None] - p * p  # the unconstrained SSE of every shape  [b, m]
+            # the unconstrained best: where it is feasible, its SSE bounds the best from above; where not, the
+            # better of its two edges does (a point of the triangle)
             j_u = p.argmax(axis=1)
-            need = ~feas[np.arange(nb), j_u]
+            _, _, feas_u = self._interior(p[b, j_u], ybar, j_u)
+            need = ~feas_u  # [b]: the rows whose best may lie on an edge
+            bound = free[b, j_u].copy()
             if need.any():
-                # a shape can only win on an edge if its unconstrained SSE (a lower bound) beats the best feasible one
-                bound = np.less(free, sse.min(axis=1)[:, None], out=flag)
-                bound &= need[:, None]
-                rr, mi = np.nonzero(bound)
-                sy_tot, yy2 = yy[rr].sum(axis=1), (yy[rr] ** 2).sum(axis=1)
-                s1, s2, t2 = self.s1[mi], self.s2[mi], self.t2[mi]
-                sy = p[rr, mi] * self.norm_f[mi] + self.s_mean[mi] * sy_tot  # s·y
-                a0 = np.clip(sy / np.maximum(s2, 1e-300), 0.0, 1.0)  # edge lo = 0
-                sse0 = yy2 - 2 * a0 * sy + a0 * a0 * s2
-                ty = sy_tot - sy - s1 + s2  # (1 − s)·(y − s)
-                l1 = np.clip(ty / np.maximum(t2, 1e-300), 0.0, 1.0)  # edge hi = 1
-                sse1 = (yy2 - 2 * sy + s2) - 2 * l1 * ty + l1 * l1 * t2
-                e0 = sse0 < sse1
-                sse_e = np.where(e0, sse0, sse1)
-                better = sse_e < sse[rr, mi]
-                rb, mb = rr[better], mi[better]
-                sse[rb, mb] = sse_e[better]
-                lo[rb, mb] = np.where(e0, 0.0, l1)[better]
-                amp[rb, mb] = np.where(e0, a0, 1.0 - l1)[better]
-            b = np.arange(nb)
-            j = sse.argmin(axis=1)
-            smin = sse[b, j]
-            tied = np.less_equal(sse, (smin + _TIE_ABS + _TIE_REL * np.abs(smin))[:, None], out=flag)
-            # the midpoints ascend along the grid (__init__), so the tied range runs from the first tied shape's
-            # midpoint to the last one's
-            m_lo = self.mids[tied.argmax(axis=1)]
-            m_hi = self.mids[m - 1 - tied[:, ::-1].argmax(axis=1)]
+                r = np.flatnonzero(need)
+                bound[r] = self._edges(yy[r], p[r, j_u[r]], j_u[r])[0]
+            reach = bound + 2 * (_TIE_ABS + _TIE_REL * np.abs(bound))
+            rr, mi = np.nonzero(free <= reach[:, None])  # the shapes each row fits, in row order, shapes ascending
+            amp, lo, feas = self._interior(p[rr, mi], ybar[rr], mi)
+            sse = np.where(feas, free[rr, mi], np.inf)
+            starts = np.searchsorted(rr, b)
+            if len(np.unique(rr)) < len(rows):  # (the reductions below read a row's shapes from its start on)
+                raise AssertionError("a row lost its unconstrained best shape to the bound")
+            # the edges lo = 0 and hi = 1, on the shapes of the rows that need them whose unconstrained SSE beats the
+            # row's best feasible one (a shape feasible inside the triangle has its optimum there)
+            row_feas = np.minimum.reduceat(sse, starts)
+            e = np.flatnonzero(need[rr] & (free[rr, mi] < row_feas[rr]))
+            if e.size:
+                sse_e, lo_e, amp_e = self._edges(yy[rr[e]], p[rr[e], mi[e]], mi[e])
+                better = sse_e < sse[e]
+                eb = e[better]
+                sse[eb], lo[eb], amp[eb] = sse_e[better], lo_e[better], amp_e[better]
+            smin = np.minimum.reduceat(sse, starts)  # [b]
+            at_min = np.flatnonzero(sse == smin[rr])
+            j = at_min[np.searchsorted(rr[at_min], b)]  # each row's first shape at its minimum (argmin's choice)
+            tied = sse <= (smin + _TIE_ABS + _TIE_REL * np.abs(smin))[rr]
+            m_lo = np.minimum.reduceat(np.where(tied, self.mids[mi], np.inf), starts)
+            m_hi = np.maximum.reduceat(np.where(tied, self.mids[mi], -np.inf), starts)
             mid = 0.5 * (m_lo + m_hi) if rng is None else rng.uniform(m_lo, m_hi)
             out["mid"][rows] = mid
             out["mid_low"][rows], out["mid_high"][rows] = m_lo, m_hi
-            out["k"][rows] = self.ks[j]
-            out["lo"][rows] = lo[b, j]
-            out["hi"][rows] = lo[b, j] + amp[b, j]
+            out["k"][rows] = self.ks[mi[j]]
+            out["lo"][rows] = lo[j]
+            out["hi"][rows] = lo[j] + amp[j]
             out["sse"][rows] = np.maximum(smin, 0.0)
         return out
+
+    def _interior(self, p: np.ndarray, ybar: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                       np.ndarray]:
+        """The unconstrained fit of rows with means ``ybar`` to ``shape`` (grid indices), ``p`` the rows' products
+        with the shapes' unit vectors: ``(amp, lo, feasible)``, feasible where ``p > 0``, ``lo ≥ 0`` and
+        ``lo + amp ≤ 1`` (within rounding)."""
+        amp = p / self.norm_c[shape]
+        lo = ybar - amp * self.s_mean[shape]
+        return amp, lo, (p > 0) & (lo >= -1e-12) & (lo + amp <= 1 + 1e-12)
+
+    def _edges(self, yy: np.ndarray, p: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The better of the two edges ``lo = 0`` and ``hi = 1`` (each solved in closed form, clipped to the triangle)
+        for rows ``yy`` ``[P, n]`` fitted to ``shape`` ``[P]``, ``p`` their products with the unit vectors:
+        ``(sse, lo, amp)``."""
+        sy_tot, yy2 = yy.sum(axis=1), (yy**2).sum(axis=1)
+        s1, s2, t2 = self.s1[shape], self.s2[shape], self.t2[shape]
+        sy = p * self.norm_f[shape] + self.s_mean[shape] * sy_tot  # s·y
+        a0 = np.clip(sy / np.maximum(s2, 1e-300), 0.0, 1.0)  # edge lo = 0
+        sse0 = yy2 - 2 * a0 * sy + a0 * a0 * s2
+        ty = sy_tot - sy - s1 + s2  # (1 − s)·(y − s)
+        l1 = np.clip(ty / np.maximum(t2, 1e-300), 0.0, 1.0)  # edge hi = 1
+        sse1 = (yy2 - 2 * sy + s2) - 2 * l1 * ty + l1 * l1 * t2
+        e0 = sse0 < sse1
+        return np.where(e0, sse0, sse1), np.where(e0, 0.0, l1), np.where(e0, a0, 1.0 - l1)
 
     def midpoints(self, y: np.ndarray, *, min_amplitude: float = MIN_AMPLITUDE,
                   rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
