@@ -98,15 +98,14 @@ def demo_flops(run_dir: Path, scale: float) -> tuple[float, dict[str, float]]:
 
 def kvzip_passes(scorer: Any, model: Any, context_ids: list[int]) -> list[tuple[int, int, int]]:
     """(replay tokens, chunk start, chunk end) of each pass KVzip's scorer makes over ``context_ids``, from kvpress's
-    own ``KVzipPress.prepare`` (what ``KVzipScorer.score_model`` runs)."""
+    own ``KVzipPress.prepare``, walked by the scorer's own ``replay_passes`` (what ``KVzipScorer.score_model``
+    runs)."""
+    from kvroute.presses.scorers.kvzip import replay_passes
+
     press = scorer.press
     press._context_ids, press.context_length = torch.tensor([context_ids]), len(context_ids)
     try:
-        start, out = press.prefix_length, []
-        for prefill_ids, repeat_ids in press.prepare(model, scorer._tokenizer):
-            out.append((repeat_ids.shape[1], start, start + prefill_ids.shape[1]))
-            start += prefill_ids.shape[1]
-        return out
+        return [(ids.shape[1], start, end) for ids, start, end in replay_passes(press, model, scorer._tokenizer)]
     finally:
         press._context_ids = press.score_val = None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -46,6 +47,17 @@ BLOCK_BYTES: int | None = 32 * 2**20
 #: blocks of 4 rows and more of Qwen2.5-0.5B's shapes and of an 8-head, 128-dim model's matched the whole product bit
 #: for bit, so 16 leaves a margin
 MIN_ROWS = 16
+
+
+def replay_passes(press: Any, model: nn.Module, tokenizer: Any) -> Iterator[tuple[torch.Tensor, int, int]]:
+    """Each replay pass of kvpress's ``KVzipPress.prepare`` over the context it holds: ``(replay ids, chunk start,
+    chunk end)``, the chunk being the context positions the pass scores (what ``press.start_idx``/``end_idx`` are set
+    to for its forward)."""
+    start = press.prefix_length
+    for prefill_ids, repeat_ids in press.prepare(model, tokenizer):
+        end = start + prefill_ids.shape[1]
+        yield repeat_ids, start, end
+        start = end
 
 
 def _score_in_blocks(press: Any, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
@@ -167,18 +179,15 @@ class KVzipScorer(KvpressScorer):
         for layer, (k, v) in enumerate(zip(x.keys, x.values, strict=True)):
             cache.update(k, v, layer)  # the shared tensors; the replay concatenates new ones, never writes these
         press._context_ids, press._cache, press.context_length = x.context_ids, cache, T
-        pairs = press.prepare(model, self._tokenizer)
         attns: list[Any] = [layer.self_attn for layer in decoder_layers(model)]
         hooks = [attn.register_forward_hook(press.forward_hook, with_kwargs=True) for attn in attns]
         if (BLOCK_BYTES is not None and not press.kvzip_plus_normalization and x.keys[0].device.type == "cpu"
                 and x.keys[0].dtype == torch.float32):
             press.score_kvzip = functools.partial(_score_in_blocks, press)  # (on the instance: undone below)
         try:
-            press.start_idx = press.prefix_length
-            for prefill_ids, repeat_ids in pairs:
-                press.end_idx = press.start_idx + prefill_ids.shape[1]
+            for repeat_ids, start, end in replay_passes(press, model, self._tokenizer):
+                press.start_idx, press.end_idx = start, end  # the chunk the forward hook scores
                 base_model(model)(input_ids=repeat_ids.to(x.context_ids.device), past_key_values=cache)
-                press.start_idx = press.end_idx
                 heap.release()  # each pass's cache and maps are larger than the last's: its freed blocks go back
             scores = press.score_val[:, 0]  # [L, 1, Hkv, T] -> [L, Hkv, T]
             scores[..., : int(self.n_sink)] = scores.amax() + 1.0  # sinks are never evicted (KVzipPress.compress_post)
