@@ -110,10 +110,11 @@ class SigmoidGrid:
         uniform draw from it when ``rng`` is given. Rows with NaN get NaN everywhere.
 
         Per row, only the shapes that can be the best or tie with it are fitted in the triangle: a shape's constrained
-        SSE is at least its unconstrained one, and the fit of the unconstrained best shape (inside the triangle, or
-        on its better edge) bounds the best from above, so a shape whose unconstrained SSE passes that bound (with
-        the tie tolerance, twice) can be neither. Rows are taken ``chunk`` at a time; a row's numbers depend on the
-        chunking only through the matrix product's rounding, and ``rng`` draws one number per row in row order.
+        SSE is at least its unconstrained one, and any point of the triangle bounds the best from above (the fit of
+        the shape most aligned with the row, inside the triangle where it is feasible, else on its better edge), so
+        a shape whose unconstrained SSE passes that bound (with the tie tolerance, twice) can be neither. Rows are
+        taken ``chunk`` at a time; a row's numbers depend on the chunking only through the matrix product's rounding,
+        and ``rng`` draws one number per row in row order.
         """
         y = np.atleast_2d(np.asarray(y, float))  # [B, n]
         out = {k: np.full(len(y), np.nan) for k in ("mid", "k", "lo", "hi", "sse", "mid_low", "mid_high")}
@@ -126,8 +127,8 @@ class SigmoidGrid:
             ss_c = ((yy - ybar[:, None]) ** 2).sum(axis=1)  # ‖y − ȳ‖²  [b]
             p = yy @ self.q.T  # [b, m]
             free = ss_c[:, None] - p * p  # the unconstrained SSE of every shape  [b, m]
-            # the unconstrained best: where it is feasible, its SSE bounds the best from above; where not, the
-            # better of its two edges does (a point of the triangle)
+            # the shape most aligned with the row: where its unconstrained fit is feasible, that fit's SSE bounds the
+            # best from above; where not, the better of its two edges does (a point of the triangle)
             j_u = p.argmax(axis=1)
             _, _, feas_u = self._interior(p[b, j_u], ybar, j_u)
             need = ~feas_u  # [b]: the rows whose best may lie on an edge
@@ -140,8 +141,8 @@ class SigmoidGrid:
             amp, lo, feas = self._interior(p[rr, mi], ybar[rr], mi)
             sse = np.where(feas, free[rr, mi], np.inf)
             starts = np.searchsorted(rr, b)
-            if len(np.unique(rr)) < len(rows):  # (the reductions below read a row's shapes from its start on)
-                raise AssertionError("a row lost its unconstrained best shape to the bound")
+            if np.bincount(rr, minlength=len(rows)).min() == 0:  # (the reductions below read a row from its start)
+                raise AssertionError("a row lost the shape of its bound to the bound")
             # the edges lo = 0 and hi = 1, on the shapes of the rows that need them whose unconstrained SSE beats the
             # row's best feasible one (a shape feasible inside the triangle has its optimum there)
             row_feas = np.minimum.reduceat(sse, starts)
