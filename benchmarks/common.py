@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def worktree(ref: str | None) -> Iterator[Path | None]:
+    """Git revision ``ref`` of this repository checked out into a temporary worktree, for a before/after run: its
+    root (put its ``src`` first on ``PYTHONPATH``), removed afterwards (None: no ref)."""
+    if ref is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "before"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), ref], check=True)
+        try:
+            yield tree
+        finally:
+            done = subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+            if done.returncode:
+                print(f"could not remove the worktree {tree} (git worktree prune removes it)", file=sys.stderr)
 
 
 def cpu_name() -> str:

@@ -37,11 +37,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import environment, matmul_peak, write  # noqa: E402
+from common import ROOT, environment, matmul_peak, worktree, write  # noqa: E402
 from compare_runs import commit  # noqa: E402
 from flops import Shape, prefill_flops, replay_flops  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = "qwen2.5-0.5b"  # the demo's model
 REPLAY = "KVzip replay"  # the part of the FLOPs earlier runs of this script did not count
 
@@ -154,23 +153,15 @@ def main() -> int:
         shutil.rmtree(args.work)
     args.work.mkdir(parents=True)
     peaks = [matmul_peak()]
-    sides: list[tuple[str, Path, Path]] = []
-    if args.before:
-        tree = args.work / "before-tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True)
-        sides.append(("before", tree, args.work / "before"))
-    sides.append(("after", ROOT, args.work / "after"))
     wall: dict[str, float] = {}
     rss: dict[str, float] = {}  # peak resident memory, MB
-    try:
-        for name, tree, out in sides:
-            wall[name], rss[name] = run_demo(tree, out, args.scale, args.tickets)
+    with worktree(args.before) as tree:
+        sides: list[tuple[str, Path, Path]] = [("before", tree, args.work / "before")] if tree is not None else []
+        sides.append(("after", ROOT, args.work / "after"))
+        for name, src_tree, out in sides:
+            wall[name], rss[name] = run_demo(src_tree, out, args.scale, args.tickets)
             peaks.append(matmul_peak())
             print(f"{name}: {wall[name]:.1f} s, peak resident {rss[name]:.0f} MB", flush=True)
-    finally:
-        if args.before:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(args.work / "before-tree")],
-                           check=False)
     peak = max(peaks)
     flops, parts = demo_flops(args.work / "after", args.scale)
     sweep = {name: sweep_seconds(out) for name, _, out in sides}

@@ -16,22 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import environment, median_spread, run_child, write  # noqa: E402
+from common import ROOT, environment, median_spread, run_child, worktree, write  # noqa: E402
 from compare_runs import largest_difference, same  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-
 CHILD = r"""
-import json, pickle, sys, time
+import json, sys, time
 from kvroute.analysis.load import load_records
 from kvroute.analysis.summary import AnalysisConfig, run_analysis
 run, n_boot, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -70,22 +66,18 @@ def main() -> int:
     args = ap.parse_args()
     if not (args.run / "manifest.json").exists():
         ap.error(f"--run {args.run}: no manifest.json there; give a finished run directory (kvroute demo --out DIR)")
-    work = Path(tempfile.mkdtemp(prefix="kvroute-report-speed-"))
-    tree = work / "before-tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True)
     seconds: dict[str, list[float]] = {"before": [], "after": []}
     records = 0
-    try:
+    with tempfile.TemporaryDirectory() as tmp, worktree(args.before) as tree:
+        work = Path(tmp)
+        assert tree is not None  # (--before is required)
         for i in range(args.repeats):
             for name, t in (("before", tree), ("after", ROOT)):
                 res = analyse(t, args.run, args.n_boot, work / f"{name}{i}.json")
                 seconds[name].append(res["seconds"])
                 records = res["records"]
                 print(f"{name}: {res['seconds']:.1f} s", flush=True)
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-    diffs = compare(*(json.loads((work / f"{n}0.json").read_text()) for n in ("before", "after")))
-    shutil.rmtree(work, ignore_errors=True)
+        diffs = compare(*(json.loads((work / f"{n}0.json").read_text()) for n in ("before", "after")))
     ratio = statistics.median(seconds["after"]) / statistics.median(seconds["before"])
     cmd = (f"python benchmarks/report_speed.py --run {args.run} --before {args.before} --repeats {args.repeats} "
            f"--n-boot {args.n_boot}")

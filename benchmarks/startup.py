@@ -15,7 +15,6 @@ appended to results/startup.md under `--label`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shlex
 import statistics
@@ -23,10 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from common import RESULTS, environment
+from common import RESULTS, environment, worktree
 
 HEAVY = ("kvpress", "transformers", "torch")
 CONFIG = """name = "startup"
@@ -65,22 +63,6 @@ def imported(stderr: str) -> list[str]:
     return [h for h in HEAVY if h in names]
 
 
-@contextlib.contextmanager
-def worktree(ref: str | None) -> Iterator[Path | None]:
-    """The ``src`` folder of git revision ``ref``, checked out into a temporary worktree (None: no ref)."""
-    if ref is None:
-        yield None
-        return
-    root = Path(__file__).resolve().parents[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "before"
-        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "--quiet", str(tree), ref], check=True)
-        try:
-            yield tree / "src"
-        finally:
-            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=True)
-
-
 def current_revision() -> str:
     """The checkout's revision, ``+changes`` when its working tree differs from it."""
     root = Path(__file__).resolve().parents[1]
@@ -103,11 +85,11 @@ def main() -> int:
     ap.add_argument("--no-write-results", action="store_true")
     args = ap.parse_args()
     sides = ["before", "after"] if args.before else ["after"]
-    with tempfile.TemporaryDirectory() as tmp, worktree(args.before) as before_src:
+    with tempfile.TemporaryDirectory() as tmp, worktree(args.before) as before_tree:
         config = Path(tmp) / "startup.toml"
         config.write_text(CONFIG)
         cmds = commands(config)
-        src = {"before": before_src, "after": None}
+        src = {"before": None if before_tree is None else before_tree / "src", "after": None}
         times: dict[tuple[str, str], list[float]] = {(side, name): [] for side in sides for name in cmds}
         for side in sides:
             for argv in cmds.values():
